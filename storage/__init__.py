@@ -1,0 +1,37 @@
+"""Spill tiers below device memory: host RAM, local disk and Redis, chained by a TieredStore.
+
+Public API (what the engine uses):
+    TierConfig(host_bytes, disk_path, disk_bytes, redis_url, write_policy, deadline_s, ...)
+    TieredStore(config)
+        .store(ns, [(block_hash, kv)])                  on device eviction; copies, never blocks
+        .load_prefix(ns, hashes, deadline_s=None, shape=None) -> LoadResult(tiers, blocks)
+        .locate(ns, hashes) -> [tier name]; .lookup_tokens(ns, hashes) -> {tier: tokens}
+        .stats() -> {tier name: counters, "store": counters}; .wait_idle(); .close()
+    Tiers (HostTier, DiskTier, RedisTier): batch contains / get / put / delete by block hash.
+    Codec: encode_block(kv) -> bytes; decode_block(bytes, dtype, shape) -> tensor | CorruptBlock.
+A block's KV is kv_cache[:, :, block_id]: [num_layers, 2, block_size, num_kv_heads, head_dim].
+"""
+
+from storage.base import Tier, TierStats
+from storage.codec import CorruptBlock, decode_block, encode_block, verify_block
+from storage.config import TierConfig
+from storage.disk import DiskTier
+from storage.host import HostTier
+from storage.redis_tier import RedisTier
+from storage.tiered import LoadResult, StoreStats, TieredStore
+
+__all__ = [
+    "CorruptBlock",
+    "DiskTier",
+    "HostTier",
+    "LoadResult",
+    "RedisTier",
+    "StoreStats",
+    "Tier",
+    "TierConfig",
+    "TierStats",
+    "TieredStore",
+    "decode_block",
+    "encode_block",
+    "verify_block",
+]

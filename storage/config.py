@@ -1,0 +1,71 @@
+"""TierConfig: which spill tiers exist below device memory and how they are written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from storage.base import Tier
+from storage.disk import DiskTier
+from storage.host import HostTier
+from storage.redis_tier import RedisTier
+
+WritePolicy = Literal["write-back", "write-through"]
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """host_bytes=0, disk_path=None and redis_url=None switch the respective tier off.
+
+    write-back (default): a block evicted from the device goes to the highest tier; each tier's
+    evictions spill into the next one. write-through: additionally every stored block is written to
+    Redis at once (replicas share it); evictions then spill host -> disk only."""
+
+    host_bytes: int = 0
+    disk_path: Path | str | None = None
+    disk_bytes: int = 16 << 30
+    redis_url: str | None = None
+    redis_prefix: str = "radixcache"
+    redis_ttl_s: int | None = 24 * 3600
+    redis_timeout_s: float = 0.25  # socket connect/read timeout
+    redis_cooldown_s: float = 5.0  # circuit breaker: how long Redis is skipped after a failure
+    write_policy: WritePolicy = "write-back"
+    deadline_s: float = 0.5  # the longest load_prefix may keep the engine waiting
+    queue_blocks: int = 4096  # blocks waiting for the writer thread; more are dropped and counted
+    disk_full_cooldown_s: float = 30.0  # writes stop this long after ENOSPC
+
+    def __post_init__(self) -> None:
+        if self.write_policy not in ("write-back", "write-through"):
+            raise ValueError(
+                f"write_policy must be write-back or write-through, not {self.write_policy!r}"
+            )
+        if self.host_bytes < 0 or self.disk_bytes < 0 or self.queue_blocks < 0:
+            raise ValueError("byte budgets and queue size must be >= 0")
+        if self.deadline_s <= 0:
+            raise ValueError("deadline_s must be > 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.host_bytes > 0 or self.disk_path is not None or self.redis_url is not None
+
+    def build_tiers(self) -> list[Tier]:
+        """The configured tiers, fastest first: host -> disk -> redis."""
+        tiers: list[Tier] = []
+        if self.host_bytes > 0:
+            tiers.append(HostTier(self.host_bytes))
+        if self.disk_path is not None:
+            tiers.append(
+                DiskTier(self.disk_path, self.disk_bytes, full_cooldown_s=self.disk_full_cooldown_s)
+            )
+        if self.redis_url is not None:
+            tiers.append(
+                RedisTier(
+                    self.redis_url,
+                    prefix=self.redis_prefix,
+                    ttl_s=self.redis_ttl_s,
+                    socket_timeout_s=self.redis_timeout_s,
+                    cooldown_s=self.redis_cooldown_s,
+                )
+            )
+        return tiers

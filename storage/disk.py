@@ -1,0 +1,221 @@
+"""DiskTier: one file per block under a folder, byte budget with LRU, survives restarts.
+
+Layout: <root>/<namespace hex>/<first 2 hex of hash>/<block hash hex>.kv (256-way fan-out per
+namespace). A write goes to a temp file in the same folder and is renamed into place, so a reader
+never sees half a value under the final name. At start the index is rebuilt from the folder (stat
+only; LRU order = modification time); a value is verified (header + xxh64) when it is read, and a
+damaged one is deleted and counted. When the disk is full (ENOSPC / EDQUOT / EFBIG) writes stop for
+`full_cooldown_s`; reads keep working.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from storage.base import EvictCallback, TierStats
+from storage.codec import CorruptBlock, verify_block
+
+if TYPE_CHECKING:
+    from radixcache.hashing import Namespace
+
+SUFFIX = ".kv"
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def _is_hex(name: str, length: int) -> bool:
+    return len(name) == length and all(c in "0123456789abcdef" for c in name)
+
+
+class DiskTier:
+    """Thread-safe; file I/O for reads happens outside the index lock."""
+
+    name = "disk"
+
+    def __init__(
+        self,
+        root: Path | str,
+        capacity_bytes: int,
+        *,
+        on_evict: EvictCallback | None = None,
+        full_cooldown_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root = Path(root)
+        self.capacity_bytes = capacity_bytes
+        self.on_evict = on_evict
+        self.full_cooldown_s = full_cooldown_s
+        self.stats = TierStats()
+        self.writes_stopped_until = float("-inf")
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._index: OrderedDict[tuple[str, int], int] = (
+            OrderedDict()
+        )  # key -> file size, LRU first
+        self._used = 0
+        self._namespaces: dict[str, Namespace] = {}  # seen in this process (for spilling lower)
+        self._dirs: set[Path] = set()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._rebuild_index()
+
+    # --- Tier interface ---
+    def contains(self, ns: Namespace, hashes: list[int]) -> list[bool]:
+        self._namespaces.setdefault(ns.hex, ns)
+        nsx = ns.hex
+        with self._lock:
+            return [(nsx, h) in self._index for h in hashes]
+
+    def get(self, ns: Namespace, hashes: list[int]) -> list[bytes | None]:
+        self._namespaces.setdefault(ns.hex, ns)
+        return [self._read(ns.hex, h) for h in hashes]
+
+    def put(self, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
+        self._namespaces.setdefault(ns.hex, ns)
+        for h, value in items:
+            self._write(ns.hex, h, value)
+
+    def delete(self, ns: Namespace, hashes: list[int]) -> None:
+        with self._lock:
+            for h in hashes:
+                self._remove((ns.hex, h))
+
+    def used_bytes(self) -> int:
+        return self._used
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def close(self) -> None:
+        pass
+
+    def path_of(self, ns: Namespace, block_hash: int) -> Path:
+        return self._path(ns.hex, block_hash)
+
+    # --- internals ---
+    def _path(self, nsx: str, h: int) -> Path:
+        hx = f"{h:016x}"
+        return self.root / nsx / hx[:2] / (hx + SUFFIX)
+
+    def _read(self, nsx: str, h: int) -> bytes | None:
+        key = (nsx, h)
+        with self._lock:
+            if key not in self._index:
+                return None
+            self._index.move_to_end(key)
+        try:
+            with open(self._path(nsx, h), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:  # evicted or deleted meanwhile
+            with self._lock:
+                self._forget(key)
+            return None
+        except OSError:
+            self.stats.errors += 1
+            return None
+        self.stats.bytes_read += len(data)
+        try:
+            verify_block(data)
+        except CorruptBlock:
+            self.stats.corrupt += 1
+            with self._lock:
+                self._remove(key)
+            return None
+        return data
+
+    def _write(self, nsx: str, h: int, value: bytes) -> None:
+        key = (nsx, h)
+        with self._lock:
+            if key in self._index:
+                self._index.move_to_end(key)
+                return
+        if len(value) > self.capacity_bytes or self._clock() < self.writes_stopped_until:
+            self.stats.rejected_writes += 1
+            return
+        path = self._path(nsx, h)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            if path.parent not in self._dirs:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._dirs.add(path.parent)
+            with open(tmp, "wb") as f:
+                f.write(value)
+        except OSError as e:
+            self._write_failed(e, tmp)
+            return
+        with self._lock:
+            evicted = self._make_room(len(value))
+            os.replace(tmp, path)
+            self._index[key] = len(value)
+            self._used += len(value)
+        self.stats.bytes_written += len(value)
+        self.stats.blocks_written += 1
+        self._spill(evicted)
+
+    def _write_failed(self, e: OSError, tmp: Path) -> None:
+        self.stats.errors += 1
+        self.stats.rejected_writes += 1
+        if e.errno in _FULL_ERRNOS:
+            self.writes_stopped_until = self._clock() + self.full_cooldown_s
+        tmp.unlink(missing_ok=True)
+
+    def _make_room(self, size: int) -> list[tuple[str, int, bytes]]:
+        """Under the lock: drop LRU files until `size` more bytes fit; returns what to spill."""
+        evicted = []
+        while self._used + size > self.capacity_bytes and self._index:
+            key = next(iter(self._index))
+            if self.on_evict is not None and key[0] in self._namespaces:
+                with contextlib.suppress(OSError):
+                    evicted.append((*key, self._path(*key).read_bytes()))
+            self._remove(key)
+            self.stats.evictions += 1
+        return evicted
+
+    def _spill(self, evicted: list[tuple[str, int, bytes]]) -> None:
+        if self.on_evict is None:
+            return
+        for nsx, h, value in evicted:
+            self.on_evict(self._namespaces[nsx], [(h, value)])
+
+    def _remove(self, key: tuple[str, int]) -> None:
+        """Under the lock: forget the key and delete its file."""
+        if self._forget(key):
+            self._path(*key).unlink(missing_ok=True)
+
+    def _forget(self, key: tuple[str, int]) -> bool:
+        size = self._index.pop(key, None)
+        if size is None:
+            return False
+        self._used -= size
+        return True
+
+    def _rebuild_index(self) -> None:
+        found: list[tuple[float, tuple[str, int], int]] = []
+        for ns_dir in os.scandir(self.root):
+            if not (ns_dir.is_dir() and _is_hex(ns_dir.name, 16)):
+                continue
+            for sub in os.scandir(ns_dir.path):
+                if sub.is_dir() and _is_hex(sub.name, 2):
+                    found += self._scan_fanout(ns_dir.name, sub)
+        for _, key, size in sorted(found):
+            self._index[key] = size
+            self._used += size
+        with self._lock:
+            self._make_room(0)  # the budget may have shrunk since the last run
+
+    def _scan_fanout(self, nsx: str, sub: os.DirEntry) -> list[tuple[float, tuple[str, int], int]]:
+        found = []
+        for entry in os.scandir(sub.path):
+            stem = entry.name[: -len(SUFFIX)]
+            if entry.name.endswith(".tmp"):  # a write interrupted by a crash
+                Path(entry.path).unlink(missing_ok=True)
+            elif entry.name.endswith(SUFFIX) and _is_hex(stem, 16) and stem[:2] == sub.name:
+                st = entry.stat()
+                found.append((st.st_mtime, (nsx, int(stem, 16)), st.st_size))
+        return found

@@ -1,0 +1,98 @@
+"""HostTier: encoded blocks in CPU RAM under a byte budget, least recently used dropped first."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from storage.base import EvictCallback, TierStats
+
+if TYPE_CHECKING:
+    from radixcache.hashing import Namespace
+
+
+class HostTier:
+    """Values live in memory as they were written (this process encoded them), so get() does not
+    re-verify checksums. Thread-safe: the store's writer and loader threads share it."""
+
+    name = "host"
+
+    def __init__(self, capacity_bytes: int, on_evict: EvictCallback | None = None) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.on_evict = on_evict
+        self.stats = TierStats()
+        # (namespace hex, block hash) -> (namespace, value); order = LRU first
+        self._entries: OrderedDict[tuple[str, int], tuple[Namespace, bytes]] = OrderedDict()
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def contains(self, ns: Namespace, hashes: list[int]) -> list[bool]:
+        nsx = ns.hex
+        with self._lock:
+            return [(nsx, h) in self._entries for h in hashes]
+
+    def get(self, ns: Namespace, hashes: list[int]) -> list[bytes | None]:
+        nsx, out = ns.hex, []
+        with self._lock:
+            for h in hashes:
+                entry = self._entries.get((nsx, h))
+                if entry is not None:
+                    self._entries.move_to_end((nsx, h))
+                    self.stats.bytes_read += len(entry[1])
+                out.append(None if entry is None else entry[1])
+        return out
+
+    def put(self, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
+        evicted: list[tuple[Namespace, int, bytes]] = []
+        with self._lock:
+            for h, value in items:
+                key = (ns.hex, h)
+                if key in self._entries:
+                    self._entries.move_to_end(key)
+                    continue
+                if len(value) > self.capacity_bytes:
+                    self.stats.rejected_writes += 1
+                    continue
+                evicted += self._make_room(len(value))
+                self._entries[key] = (ns, value)
+                self._used += len(value)
+                self.stats.bytes_written += len(value)
+                self.stats.blocks_written += 1
+        self._spill(evicted)
+
+    def delete(self, ns: Namespace, hashes: list[int]) -> None:
+        with self._lock:
+            for h in hashes:
+                entry = self._entries.pop((ns.hex, h), None)
+                if entry is not None:
+                    self._used -= len(entry[1])
+
+    def used_bytes(self) -> int:
+        return self._used
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def close(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._used = 0
+
+    def _make_room(self, size: int) -> list[tuple[Namespace, int, bytes]]:
+        evicted = []
+        while self._used + size > self.capacity_bytes and self._entries:
+            (_, h), (ns, value) = self._entries.popitem(last=False)
+            self._used -= len(value)
+            self.stats.evictions += 1
+            evicted.append((ns, h, value))
+        return evicted
+
+    def _spill(self, evicted: list[tuple[Namespace, int, bytes]]) -> None:
+        if self.on_evict is None or not evicted:
+            return
+        by_ns: dict[str, tuple[Namespace, list[tuple[int, bytes]]]] = {}
+        for ns, h, value in evicted:
+            by_ns.setdefault(ns.hex, (ns, []))[1].append((h, value))
+        for ns, items in by_ns.values():
+            self.on_evict(ns, items)
