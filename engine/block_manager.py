@@ -1,0 +1,144 @@
+"""Per-sequence block tables on top of the PrefixCache (the one owner of block ids).
+
+A sequence's table is [tree blocks | private blocks]:
+  block_ids[:num_tree_blocks]  held by the radix tree, kept alive by locking `seq.handle`
+  block_ids[num_tree_blocks:]  private (refcounted in the pool; shared only between forked samples)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from engine.request import Sequence
+
+if TYPE_CHECKING:
+    from radixcache.prefix_cache import PrefixCache
+
+    from engine.kv_cache import KVCache
+
+# (seq, first block index to fill) -> number of leading tokens the lower tiers supplied
+LoadBack = Callable[[Sequence], int]
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class BlockManager:
+    """Prefix-caching variant: match at admission, insert full computed blocks after each step."""
+
+    def __init__(self, cache: PrefixCache, kv_cache: KVCache) -> None:
+        self.cache = cache
+        self.kv_cache = kv_cache
+        self.block_size = cache.block_size
+        self.load_back: LoadBack | None = None  # set by the spill-tier bridge
+
+    # --- admission ---
+    def admit(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Matches the cached prefix, locks it and allocates blocks for the first chunk.
+
+        On failure nothing is held. `num_new_tokens` is the chunk the scheduler wants to run, counted
+        from the end of the match (it is clipped by the caller after `match_len`)."""
+        self._match(seq)
+        if self.load_back is not None and seq.num_computed_tokens < seq.num_tokens - 1:
+            self.load_back(seq)
+        needed = min(num_new_tokens, seq.num_tokens - seq.num_computed_tokens)
+        if not self.allocate(seq, needed):
+            self.release(seq)
+            return False
+        return True
+
+    def _match(self, seq: Sequence) -> None:
+        ns = seq.request.namespace
+        match = self.cache.match(ns, seq.token_ids[:-1])
+        self.cache.lock(match.handle)
+        seq.handle = match.handle
+        seq.block_ids = list(match.block_ids)
+        seq.num_tree_blocks = len(match.block_ids)
+        seq.num_computed_tokens = match.num_tokens
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = match.num_tokens
+            seq.cached_by_tier = {"device": match.num_tokens}
+
+    # --- growth ---
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Ensures blocks for [0, num_computed + num_new_tokens); False (nothing changed) if short."""
+        target = blocks_for(seq.num_computed_tokens + num_new_tokens, self.block_size)
+        missing = target - len(seq.block_ids)
+        if missing <= 0:
+            return True
+        new = self.cache.allocate(missing)
+        if new is None:
+            return False
+        seq.block_ids.extend(new)
+        return True
+
+    def commit(self, seq: Sequence) -> None:
+        """Hands newly full, computed blocks to the tree (dedup: switch to the tree's copy)."""
+        num_full = seq.num_computed_tokens // self.block_size
+        if num_full <= seq.num_tree_blocks:
+            return
+        ns = seq.request.namespace
+        tokens = seq.token_ids[: num_full * self.block_size]
+        result = self.cache.insert(ns, tokens, seq.block_ids[:num_full])
+        mine = set(seq.block_ids[:num_full])
+        duplicates = [b for b in result.duplicates if b in mine and b not in result.block_ids]
+        if duplicates:
+            self.cache.free(duplicates)
+        seq.block_ids[:num_full] = result.block_ids
+        self.cache.lock(result.handle)
+        if seq.handle is not None:
+            self.cache.unlock(seq.handle)
+        seq.handle = result.handle
+        seq.num_tree_blocks = num_full
+
+    # --- forking (parallel sampling) ---
+    def fork(self, parent: Sequence, child: Sequence) -> bool:
+        """Child shares the parent's KV: tree blocks by lock, private full blocks by refcount,
+        and a partially filled last block by copy (copy-on-write: both would write into it next)."""
+        num_full = parent.num_computed_tokens // self.block_size
+        partial = len(parent.block_ids) > num_full
+        copy = self.cache.allocate(1) if partial else []
+        if copy is None:
+            return False
+        if parent.handle is not None:
+            self.cache.lock(parent.handle)
+        shared_private = parent.block_ids[parent.num_tree_blocks : num_full]
+        if shared_private:
+            self.cache.incref(shared_private)
+        if partial:
+            self.kv_cache.copy_block(parent.block_ids[num_full], copy[0])
+        child.handle = parent.handle
+        child.block_ids = parent.block_ids[:num_full] + copy
+        child.num_tree_blocks = parent.num_tree_blocks
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.cached_by_tier = dict(parent.cached_by_tier)
+        return True
+
+    # --- release ---
+    def release(self, seq: Sequence) -> None:
+        """Drops everything the sequence holds; its tree blocks stay cached (evictable)."""
+        private = seq.block_ids[seq.num_tree_blocks :]
+        if private:
+            self.cache.free(private)
+        if seq.handle is not None:
+            self.cache.unlock(seq.handle)
+        seq.handle = None
+        seq.block_ids = []
+        seq.num_tree_blocks = 0
+        seq.num_computed_tokens = 0
+
+
+class NoCacheBlockManager(BlockManager):
+    """Prefix caching off: the PrefixCache is only the block allocator."""
+
+    def _match(self, seq: Sequence) -> None:
+        seq.handle = None
+        seq.block_ids = []
+        seq.num_tree_blocks = 0
+        seq.num_computed_tokens = 0
+
+    def commit(self, seq: Sequence) -> None:
+        return None

@@ -1,0 +1,73 @@
+"""The paged KV tensor: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim].
+
+Owns storage only; which block holds what is the prefix cache's business."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def bytes_per_block(
+    num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return num_layers * 2 * block_size * num_kv_heads * head_dim * elem
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+        self.tensor = torch.zeros(shape, dtype=dtype, device=device)
+
+    @classmethod
+    def from_budget(
+        cls,
+        num_layers: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        *,
+        memory_bytes: int | None = None,
+        num_blocks: int | None = None,
+    ) -> KVCache:
+        if num_blocks is None:
+            if memory_bytes is None:
+                raise ValueError("give kv_cache_memory or num_blocks")
+            per_block = bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
+            num_blocks = memory_bytes // per_block
+        if num_blocks < 1:
+            raise ValueError("KV cache budget too small for one block")
+        return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+    def copy_block(self, src: int, dst: int) -> None:
+        self.tensor[:, :, dst] = self.tensor[:, :, src]
+
+    def read_blocks(self, block_ids: Sequence[int]) -> torch.Tensor:
+        # -> [len(ids), num_layers, 2, block_size, kv_heads, head_dim] (a copy, on CPU)
+        idx = torch.tensor(list(block_ids), dtype=torch.int64, device=self.tensor.device)
+        return self.tensor.index_select(2, idx).permute(2, 0, 1, 3, 4, 5).to("cpu")
+
+    def write_blocks(self, block_ids: Sequence[int], blocks: Sequence[torch.Tensor]) -> None:
+        for block_id, kv in zip(block_ids, blocks, strict=True):
+            self.tensor[:, :, block_id] = kv.to(self.tensor.device, self.tensor.dtype)

@@ -1,0 +1,75 @@
+"""Offline API: LLM(model).generate(prompts, params) and .chat(messages, params)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.sampling import SamplingParams
+
+Prompt = str | list[int]
+Messages = list[dict[str, Any]]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **config: Any) -> None:
+        self.engine = LLMEngine(EngineConfig.from_kwargs(model=model, **config))
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        cache_salt: str = "",
+    ) -> list[RequestOutput]:
+        """Runs every prompt to completion (batched); outputs in the order of the prompts."""
+        batch = _as_prompt_list(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            param_list = [params or SamplingParams()] * len(batch)
+        else:
+            param_list = list(params)
+            if len(param_list) != len(batch):
+                raise ValueError("give one SamplingParams or one per prompt")
+        ids = []
+        for prompt, p in zip(batch, param_list, strict=True):
+            request_id = f"offline-{next(self._ids)}"
+            self.engine.add_request(request_id, prompt, p, cache_salt)
+            ids.append(request_id)
+        done: dict[str, RequestOutput] = {}
+        while len(done) < len(ids):
+            for out in self.engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+        return [done[i] for i in ids]
+
+    def chat(
+        self,
+        messages: Messages | Sequence[Messages],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        cache_salt: str = "",
+    ) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [
+            self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True)
+            for m in conversations
+        ]
+        return self.generate(prompts, params, cache_salt=cache_salt)
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and isinstance(prompts[0], int):
+        return [prompts]  # one tokenized prompt
+    return [p if isinstance(p, str) else list(p) for p in prompts]

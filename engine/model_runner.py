@@ -1,0 +1,65 @@
+"""Runs one scheduled batch: flat ragged inputs -> model -> logits of the rows that sample."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from engine.attention import build_attention_metadata, compute_positions
+
+if TYPE_CHECKING:
+    from engine.kv_cache import KVCache
+    from engine.scheduler import ScheduledBatch
+
+
+@dataclass
+class ForwardResult:
+    logits: torch.Tensor  # float32 [S, vocab]: one row per sampling sequence
+    sample_index: list[int]  # batch index (into batch.seqs) of each logits row
+    forward_time: float  # seconds inside the model (forward + logits)
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.device = device
+        self.block_size = kv_cache.block_size
+        self.cpu_plan = device.type == "cpu"
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> ForwardResult:
+        query_lens = batch.num_new_tokens
+        starts = [s.num_computed_tokens for s in batch.seqs]
+        seq_lens = [c + n for c, n in zip(starts, query_lens, strict=True)]
+        # new tokens of sequence b: token_ids[starts[b] : seq_lens[b]], rows cu[b]..cu[b+1]
+        flat: list[int] = []
+        for seq, start, end in zip(batch.seqs, starts, seq_lens, strict=True):
+            flat.extend(seq.token_ids[start:end])
+        input_ids = torch.tensor(flat, dtype=torch.int64, device=self.device)
+        positions = torch.from_numpy(compute_positions(query_lens, seq_lens)).to(self.device)
+        meta = build_attention_metadata(
+            query_lens,
+            seq_lens,
+            [s.block_ids for s in batch.seqs],
+            self.block_size,
+            self.device,
+            cpu_plan=self.cpu_plan,
+        )
+        sample_index = [
+            b
+            for b, (s, end) in enumerate(zip(batch.seqs, seq_lens, strict=True))
+            if end == s.num_tokens
+        ]
+        last_rows = np.cumsum(query_lens)[sample_index] - 1
+        t0 = time.perf_counter()
+        hidden = self.model.forward(input_ids, positions, self.kv_cache.tensor, meta)
+        rows = torch.from_numpy(last_rows.astype(np.int64)).to(self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return ForwardResult(logits.cpu(), sample_index, time.perf_counter() - t0)

@@ -1,0 +1,95 @@
+"""Request and sequence state. A request has n sequences (samples); the scheduler runs sequences."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from radixcache.hashing import Namespace
+
+    from engine.detokenizer import IncrementalDetokenizer
+    from engine.sampling import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class RequestTooLarge(ValueError):
+    """The request alone needs more KV blocks or context than the engine has."""
+
+
+_seq_counter = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: Request
+    index: int  # sample index within the request (0..n-1)
+    token_ids: list[int]  # prompt + generated
+    num_prompt_tokens: int
+    generator: torch.Generator | None
+    detok: IncrementalDetokenizer
+    seq_id: int = field(default_factory=lambda: next(_seq_counter))
+    status: SequenceStatus = SequenceStatus.WAITING
+    # --- KV state (owned by the block manager) ---
+    block_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV sits in block_ids
+    num_tree_blocks: int = 0  # leading blocks held by the tree (locked through `handle`)
+    handle: Any = None  # locked radix node; None = nothing locked
+    num_cached_tokens: int = 0  # prefix reused at (first) admission: device + lower tiers
+    cached_by_tier: dict[str, int] = field(default_factory=dict)
+    pending_forks: int = 0  # samples to fork off when the prompt's last token is computed
+    # --- outputs ---
+    finish_reason: str | None = None
+    logprobs: list[float] | None = None
+    top_logprobs: list[dict[int, float]] | None = None
+    first_token_time: float | None = None
+    num_preemptions: int = 0
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def sort_key(self) -> tuple[int, float, int]:
+        return (self.params.priority, self.request.arrival_time, self.seq_id)
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    namespace: Namespace
+    arrival_time: float = field(default_factory=time.monotonic)
+    seqs: list[Sequence] = field(default_factory=list)
+    aborted: bool = False
+
+    @property
+    def is_finished(self) -> bool:
+        return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)

@@ -1,0 +1,135 @@
+"""Batched sampling: penalties, temperature, top-k/top-p/min-p, per-row seeds, logprobs.
+
+Every transform runs on the whole [S, vocab] batch; the only per-row Python is drawing the noise of
+rows that carry their own torch.Generator (a generator cannot be shared across rows)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling import SamplingParams
+
+
+@dataclass
+class SampleRow:
+    params: SamplingParams
+    token_ids: list[int]  # prompt + output so far
+    num_prompt_tokens: int
+    generator: torch.Generator | None  # per-request seed; None = the engine's generator
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[float] | None  # logprob of each sampled token (raw model distribution)
+    top_logprobs: list[dict[int, float]] | None  # per row: top-k token -> logprob (k from params)
+
+
+class Sampler:
+    def __init__(self, seed: int = 0) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SamplerOutput:
+        # logits: [S, vocab] float32, one row per entry of `rows`
+        params = [r.params for r in rows]
+        want_logprobs = any(p.logprobs is not None for p in params)
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        if any(p.has_penalties for p in params):
+            logits = apply_penalties(logits, rows)
+        greedy = [p.greedy for p in params]
+        if not all(greedy):
+            tokens = self._sample_random(logits, rows, greedy)
+        else:
+            tokens = logits.argmax(dim=-1)
+        token_list = tokens.tolist()
+        if raw_logprobs is None:
+            return SamplerOutput(token_list, None, None)
+        return SamplerOutput(token_list, *gather_logprobs(raw_logprobs, tokens, params))
+
+    def _sample_random(
+        self, logits: torch.Tensor, rows: list[SampleRow], greedy: list[bool]
+    ) -> torch.Tensor:
+        params = [r.params for r in rows]
+        temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
+        scaled = logits / temps.unsqueeze(1)
+        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+            scaled = apply_top_k_top_p(scaled, params)
+        probs = torch.softmax(scaled, dim=-1)
+        if any(p.min_p > 0 for p in params):
+            min_p = torch.tensor([p.min_p for p in params]).unsqueeze(1)
+            probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        sampled = (probs / self._exponential_noise(probs, rows)).argmax(dim=-1)
+        greedy_t = torch.tensor(greedy)
+        if greedy_t.any():
+            sampled = torch.where(greedy_t, logits.argmax(dim=-1), sampled)
+        return sampled
+
+    def _exponential_noise(self, probs: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        # argmax(p / q) with q ~ Exp(1) draws from p (the Gumbel/exponential race)
+        noise = torch.empty_like(probs)
+        shared = [i for i, r in enumerate(rows) if r.generator is None]
+        if shared:
+            draws = torch.empty(len(shared), probs.shape[1]).exponential_(generator=self.generator)
+            noise[shared] = draws
+        for i, r in enumerate(rows):
+            if r.generator is not None:
+                noise[i].exponential_(generator=r.generator)
+        return noise
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    num_rows, vocab = logits.shape
+    logits = logits.clone()
+    rep = torch.tensor([r.params.repetition_penalty for r in rows]).unsqueeze(1)
+    if (rep != 1.0).any():
+        seen = _token_counts(vocab, [r.token_ids for r in rows]) > 0
+        penalised = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, penalised, logits)
+    freq = torch.tensor([r.params.frequency_penalty for r in rows]).unsqueeze(1)
+    pres = torch.tensor([r.params.presence_penalty for r in rows]).unsqueeze(1)
+    if (freq != 0).any() or (pres != 0).any():
+        counts = _token_counts(vocab, [r.token_ids[r.num_prompt_tokens :] for r in rows])
+        logits = logits - freq * counts - pres * (counts > 0).float()
+    return logits
+
+
+def _token_counts(vocab: int, seqs: list[list[int]]) -> torch.Tensor:
+    # counts[r, t] = occurrences of token t in seqs[r]; padded with an extra sink column
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), max(width, 1)), vocab, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.int64)
+    counts = torch.zeros(len(seqs), vocab + 1)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+    return counts[:, :vocab]
+
+
+def apply_top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    vocab = logits.shape[1]
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).unsqueeze(1)
+    top_p = torch.tensor([p.top_p for p in params]).unsqueeze(1)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab).unsqueeze(0)
+    drop = ranks >= top_k
+    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop |= mass_before >= top_p  # the first token is always kept (mass_before = 0)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def gather_logprobs(
+    logprobs: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]
+) -> tuple[list[float], list[dict[int, float]]]:
+    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+    k_max = max((p.logprobs or 0) for p in params)
+    tops: list[dict[int, float]] = [{} for _ in params]
+    if k_max > 0:
+        values, ids = logprobs.topk(k_max, dim=-1)
+        for i, p in enumerate(params):
+            k = p.logprobs or 0
+            tops[i] = dict(zip(ids[i, :k].tolist(), values[i, :k].tolist(), strict=True))
+    return chosen, tops

@@ -1,0 +1,131 @@
+"""Continuous batching: waiting/running queues, a token budget per step, chunked prefill,
+priority-then-FCFS order, and preemption by recompute when blocks run out."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager, blocks_for
+from engine.request import RequestTooLarge, Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)  # chunk per sequence
+    num_preempted: int = 0
+    admitted: list[Sequence] = field(default_factory=list)  # newly admitted (or re-admitted)
+    num_cached_tokens: int = 0  # prefix tokens the admitted sequences did not have to compute
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        num_blocks: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.blocks = block_manager
+        self.num_blocks = num_blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: list[Sequence] = []  # sorted by sort_key (priority, arrival, id)
+        self.running: list[Sequence] = []  # sorted by sort_key; preemption takes from the end
+        self.num_preemptions = 0
+
+    # --- queues ---
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        if num_prompt_tokens >= self.max_model_len:
+            raise RequestTooLarge(
+                f"prompt has {num_prompt_tokens} tokens; the context window is "
+                f"{self.max_model_len} (at least one token must be generated)"
+            )
+        total = min(num_prompt_tokens + max_tokens, self.max_model_len)
+        needed = blocks_for(total, self.blocks.block_size)
+        if needed > self.num_blocks:
+            raise RequestTooLarge(
+                f"request needs {needed} KV blocks ({total} tokens) but the KV cache has only "
+                f"{self.num_blocks} blocks of {self.blocks.block_size} tokens"
+            )
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=lambda s: s.sort_key)
+
+    def add_running(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self.running, seq, key=lambda s: s.sort_key)
+
+    def remove(self, seq: Sequence) -> None:
+        """Takes a finished or aborted sequence out of the queues and frees its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.release(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- one step ---
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self._schedule_running(batch, self.max_num_batched_tokens)
+        if batch.num_preempted == 0:
+            self._schedule_waiting(batch, budget)
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        for seq in list(self.running):
+            if budget <= 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.blocks.allocate(seq, n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                batch.num_preempted += 1
+                if victim is seq:
+                    break
+            else:
+                batch.seqs.append(seq)
+                batch.num_new_tokens.append(n)
+                budget -= n
+        return budget
+
+    def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            worst = blocks_for(min(seq.num_tokens, budget), self.blocks.block_size)
+            if not self.blocks.cache.can_allocate(worst):
+                break
+            if not self.blocks.admit(seq, budget):
+                break
+            self.waiting.pop(0)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            self.add_running(seq)
+            batch.admitted.append(seq)
+            batch.num_cached_tokens += seq.num_computed_tokens
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(n)
+            budget -= n
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.release(seq)  # its full blocks stay in the tree: recompute mostly hits
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.add(seq)
