@@ -1,0 +1,81 @@
+"""Namespaces and chained block hashes (xxh3_64, deterministic across processes)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import xxhash
+
+_xxh3 = xxhash.xxh3_64_intdigest
+_ZERO8 = bytes(8)
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """Everything that makes KV bytes differ; two namespaces never share a block."""
+
+    model_id: str
+    kv_dtype: str
+    block_size: int
+    layout_version: int = 1
+    cache_salt: str = ""
+
+    @cached_property
+    def seed(self) -> int:
+        fields = (
+            self.model_id,
+            self.kv_dtype,
+            self.block_size,
+            self.layout_version,
+            self.cache_salt,
+        )
+        text = "\x1f".join(str(f) for f in fields)
+        return _xxh3(b"radixcache-namespace\x00" + text.encode("utf-8"))
+
+    @cached_property
+    def seed_bytes(self) -> bytes:
+        return self.seed.to_bytes(8, "little")
+
+    @property
+    def hex(self) -> str:
+        return f"{self.seed:016x}"
+
+    def with_salt(self, salt: str) -> Namespace:
+        return dataclasses.replace(self, cache_salt=salt)
+
+
+def token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
+    """Token ids as little-endian int32 bytes (one numpy conversion)."""
+    return np.asarray(tokens, dtype="<i4").tobytes()
+
+
+def block_hashes(
+    namespace: Namespace,
+    tokens: Sequence[int] | np.ndarray,
+    parent_hash: int | None = None,
+) -> list[int]:
+    """Chained xxh3_64 hashes of the full blocks of `tokens`.
+
+    h_i = xxh3_64(h_{i-1} (8 LE bytes) || seed (8 LE bytes, first block of a chain only) || tokens).
+    `parent_hash=None` starts a chain at position 0 (h_{-1} = 0); otherwise the chain continues
+    after the block whose hash is `parent_hash`.
+    """
+    size = namespace.block_size * 4
+    data = token_bytes(tokens)
+    n = len(data) // size
+    out: list[int] = []
+    if n == 0:
+        return out
+    if parent_hash is None:
+        h = _xxh3(_ZERO8 + namespace.seed_bytes + data[:size])
+    else:
+        h = _xxh3(parent_hash.to_bytes(8, "little") + data[:size])
+    out.append(h)
+    for off in range(size, n * size, size):
+        h = _xxh3(h.to_bytes(8, "little") + data[off : off + size])
+        out.append(h)
+    return out

@@ -1,0 +1,306 @@
+"""The facade the engine uses: block ownership, prefix matching, insertion, eviction, stats."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from radixcache.block_pool import BlockPool
+from radixcache.hashing import Namespace, block_hashes
+from radixcache.integrity import check_integrity
+from radixcache.policy import EvictionPolicy, LRUPolicy
+from radixcache.radix_node import Node
+from radixcache.radix_tree import HashFn, RadixTree, Victim
+from radixcache.stats import CacheStats, NamespaceStats, PrefixInfo, prefix_info
+
+NodeHandle = Node
+
+
+class MatchResult(NamedTuple):
+    block_ids: list[int]
+    num_tokens: int
+    handle: NodeHandle
+    last_hash: int | None  # chained hash of the last matched block
+
+
+class InsertResult(NamedTuple):
+    block_ids: list[int]  # the tree's ids for all the caller's blocks
+    handle: NodeHandle  # deepest node: lock it, then unlock the old handle
+    duplicates: list[int]  # caller blocks the tree already held: still private, free them
+
+
+class EvictedBlock(NamedTuple):
+    block_id: int
+    namespace: Namespace
+    block_hash: int
+    tokens: list[int]
+
+
+class StaleHandleError(ValueError):
+    """A handle whose node was evicted (it was used without being locked)."""
+
+
+def _as_list(tokens: Sequence[int] | np.ndarray) -> list[int]:
+    if type(tokens) is list:
+        return tokens
+    if isinstance(tokens, np.ndarray):
+        return tokens.tolist()
+    return list(tokens)
+
+
+class PrefixCache:
+    """Owns block ids 0..num_blocks-1: free, private (refcounted), or cached in the radix tree."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        max_pinned_fraction: float = 0.5,
+        on_evict: Callable[[list[EvictedBlock]], None] | None = None,
+        policy: EvictionPolicy | None = None,
+        hash_fn: HashFn = block_hashes,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.max_pinned_blocks = int(max_pinned_fraction * num_blocks)
+        self.on_evict = on_evict
+        self.pool = BlockPool(num_blocks)
+        self.tree = RadixTree(block_size, policy or LRUPolicy(), hash_fn)
+        self._ns_stats: dict[Namespace, NamespaceStats] = {}
+        self._private_locks: dict[int, Node] = {}  # cached block with private refs -> locked node
+        self._pins: dict[tuple[Namespace, tuple[int, ...]], list[Node]] = {}
+
+    # --- block ownership ---
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free()
+
+    def num_evictable_blocks(self) -> int:
+        return len(self.tree.block_node) - self.tree.num_held
+
+    def num_cached_blocks(self) -> int:
+        return len(self.tree.block_node)
+
+    def can_allocate(self, n: int) -> bool:
+        return self.pool.num_free() + self.num_evictable_blocks() >= n
+
+    def allocate(self, n: int) -> list[int] | None:
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        short = n - self.pool.num_free()
+        if short > 0:
+            if short > self.num_evictable_blocks():
+                return None
+            self.evict(short)
+        return self.pool.take(n)
+
+    def incref(self, block_ids: Sequence[int]) -> None:
+        self.pool.incref(block_ids)
+
+    def free(self, block_ids: Sequence[int]) -> None:
+        for b in block_ids:
+            if self.pool.decref(b) == 0 and self.pool.owned[b]:
+                self.tree.add_refs(self._private_locks.pop(b), -1, 0)
+
+    # --- prefix index ---
+    def match(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> MatchResult:
+        self._check_ns(ns)
+        toks = _as_list(tokens)
+        walk = self.tree.walk(ns, toks, len(toks) // self.block_size)
+        self.tree.touch(walk.path, walk.num_tokens)
+        st = self._stats_of(ns)
+        st.lookups += 1
+        st.lookup_tokens += len(toks)
+        st.hit_tokens += walk.num_tokens
+        last_hash = walk.node.hashes[-1] if walk.path else None
+        return MatchResult(walk.blocks, walk.num_tokens, walk.node, last_hash)
+
+    def lock(self, handle: NodeHandle) -> None:
+        self._check_handle(handle)
+        self.tree.add_refs(handle, 1, 0)
+
+    def unlock(self, handle: NodeHandle) -> None:
+        self._check_handle(handle)
+        self.tree.add_refs(handle, -1, 0)
+
+    def insert(
+        self, ns: Namespace, tokens: Sequence[int] | np.ndarray, block_ids: Sequence[int]
+    ) -> InsertResult:
+        self._check_ns(ns)
+        bs, toks, n = self.block_size, _as_list(tokens), len(block_ids)
+        if len(toks) < n * bs:
+            raise ValueError(f"{n} blocks need {n * bs} tokens, got {len(toks)}")
+        tree = self.tree
+        walk = tree.walk(ns, toks, n)
+        tree.touch(walk.path)
+        done = walk.num_tokens // bs
+        ids = walk.blocks
+        duplicates = [b for b, t in zip(block_ids[:done], ids, strict=True) if b != t]
+        node = walk.node
+        if done < n:
+            new = list(block_ids[done:])
+            self._check_adoptable(new)
+            node = tree.add_child(node, toks[done * bs : n * bs], new)
+            self._adopt(new, node)
+            ids = ids + new
+            self._stats_of(ns).inserted_blocks += len(new)
+        return InsertResult(ids, node, duplicates)
+
+    def evict(self, n: int) -> int:
+        victims: list[Victim] = []
+        freed = 0
+        while freed < n:
+            victim = self.tree.pop_victim(n - freed)
+            if victim is None:
+                break
+            victims.append(victim)
+            freed += len(victim.blocks)
+        self._release(victims)
+        return freed
+
+    def hashes_of(self, handle: NodeHandle) -> list[int]:
+        out: list[int] = []
+        for node in handle.path():
+            out += node.hashes
+        return out
+
+    def lookup_hash(self, ns: Namespace, block_hash: int, tokens: Sequence[int]) -> int | None:
+        """Cached block id of `block_hash` whose stored tokens equal `tokens` (collision guard)."""
+        b = self.tree.hash_index.get(block_hash)
+        if b is None:
+            return None
+        node = self.tree.block_node[b]
+        i = node.blocks.index(b) * self.block_size
+        same = node.tokens[i : i + self.block_size] == _as_list(tokens)
+        return b if same and node.ns == ns else None
+
+    # --- pinning ---
+    def pin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
+        """Pin the cached prefix of `tokens` (capped by max_pinned_fraction); tokens pinned."""
+        self._check_ns(ns)
+        toks = _as_list(tokens)
+        n = len(toks) // self.block_size
+        walk = self.tree.walk(ns, toks, n)
+        node = self._trim_to_pin_cap(walk.path) if walk.path else walk.node
+        if node.parent is None:
+            return 0
+        self.tree.add_refs(node, 0, 1)
+        self._pins.setdefault((ns, tuple(toks[: n * self.block_size])), []).append(node)
+        return node.end_depth
+
+    def unpin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
+        """Undo one earlier pin of the same tokens; tokens unpinned."""
+        toks = _as_list(tokens)
+        key = (ns, tuple(toks[: len(toks) // self.block_size * self.block_size]))
+        held = self._pins.get(key)
+        if not held:
+            return 0
+        node = held.pop()
+        if not held:
+            del self._pins[key]
+        self.tree.add_refs(node, 0, -1)
+        return node.end_depth
+
+    def _trim_to_pin_cap(self, path: list[Node]) -> Node:
+        room = self.max_pinned_blocks - self.tree.num_pinned
+        for node in path:
+            extra = len(node.blocks) if node.pin_ref == 0 else 0
+            if extra > room:
+                return self.tree.split(node, room) if room > 0 else node.parent  # type: ignore[return-value]
+            room -= extra
+        return path[-1]
+
+    # --- maintenance and analytics ---
+    def flush(self, ns: Namespace | None = None) -> int:
+        victims: list[Victim] = []
+        while True:
+            nodes = [n for n in self.tree.evictable_nodes.values() if ns is None or n.ns == ns]
+            if not nodes:
+                break
+            victims += [self.tree.evict_node(n) for n in nodes]
+        self._release(victims)
+        return sum(len(v.blocks) for v in victims)
+
+    def stats(self) -> CacheStats:
+        tree = self.tree
+        cached = len(tree.block_node)
+        return CacheStats(
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            free=self.pool.num_free(),
+            evictable=cached - tree.num_held,
+            referenced=self.pool.num_private() + tree.num_locked,
+            pinned=tree.num_held - tree.num_locked,
+            cached=cached,
+            policy=tree.policy.name,
+            hash_collisions=tree.collisions,
+            namespaces={ns: NamespaceStats(**vars(s)) for ns, s in self._ns_stats.items()},
+        )
+
+    def hottest_prefixes(
+        self,
+        limit: int,
+        ns_filter: Namespace | Callable[[Namespace], bool] | None = None,
+        preview: int = 64,
+    ) -> list[PrefixInfo]:
+        def keep(node: Node) -> bool:
+            if node.parent is None or node.ns is None:
+                return False
+            if ns_filter is None:
+                return True
+            return ns_filter(node.ns) if callable(ns_filter) else node.ns == ns_filter
+
+        nodes = [n for n in self.tree.iter_nodes() if keep(n)]
+        nodes.sort(key=lambda n: (n.hits, n.end_depth), reverse=True)
+        return [prefix_info(n, preview) for n in nodes[:limit]]
+
+    def check_integrity(self) -> None:
+        check_integrity(self)
+
+    # --- helpers ---
+    def _release(self, victims: list[Victim]) -> None:
+        if not victims:
+            return
+        bs = self.block_size
+        for v in victims:
+            self._stats_of(v.node.ns).evicted_blocks += len(v.blocks)  # type: ignore[arg-type]
+        if self.on_evict is not None:
+            self.on_evict(
+                [
+                    EvictedBlock(b, v.node.ns, h, v.tokens[i * bs : (i + 1) * bs])  # type: ignore[arg-type]
+                    for v in victims
+                    for i, (b, h) in enumerate(zip(v.blocks, v.hashes, strict=True))
+                ]
+            )
+        for v in victims:
+            self.pool.release_owned(v.blocks)
+
+    def _check_adoptable(self, block_ids: list[int]) -> None:
+        pool = self.pool
+        if len(set(block_ids)) != len(block_ids):
+            raise ValueError("a block id appears twice in one insert")
+        for b in block_ids:
+            if not 0 <= b < self.num_blocks or pool.refcount[b] <= 0 or pool.owned[b]:
+                raise ValueError(f"block {b} is not a private block of the caller")
+
+    def _adopt(self, block_ids: list[int], node: Node) -> None:
+        for b in block_ids:
+            if self.pool.adopt(b) > 0:  # a sibling still holds it: keep it from eviction
+                self.tree.add_refs(node, 1, 0)
+                self._private_locks[b] = node
+
+    def _stats_of(self, ns: Namespace) -> NamespaceStats:
+        st = self._ns_stats.get(ns)
+        if st is None:
+            st = self._ns_stats[ns] = NamespaceStats()
+        return st
+
+    def _check_ns(self, ns: Namespace) -> None:
+        if ns.block_size != self.block_size:
+            raise ValueError(f"namespace block_size {ns.block_size} != {self.block_size}")
+
+    def _check_handle(self, handle: NodeHandle) -> None:
+        if handle.parent is None and self.tree.roots.get(handle.ns) is not handle:  # type: ignore[arg-type]
+            raise StaleHandleError(f"{handle} was evicted")

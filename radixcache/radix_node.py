@@ -1,0 +1,89 @@
+"""A node of the radix tree: a run of cached blocks of one namespace."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixcache.hashing import Namespace
+
+
+class Node:
+    """A compressed edge: `blocks[i]` holds the KV of `tokens[i * bs : (i + 1) * bs]`.
+
+    `hashes[i]` is the chained hash of block i. `depth` counts the tokens above this node.
+    `key` is the node's first block's tokens (its slot in `parent.children`).
+    `lock_ref`/`pin_ref` count the handles that hold the path root..this node.
+    `prio` is the eviction priority the policy gave it (lower goes first); `set_key` is its
+    entry in the evictable set, or None when it is not evictable.
+    """
+
+    __slots__ = (
+        "id",
+        "ns",
+        "parent",
+        "key",
+        "children",
+        "blocks",
+        "tokens",
+        "hashes",
+        "depth",
+        "lock_ref",
+        "pin_ref",
+        "last_access",
+        "last_used",
+        "hits",
+        "tokens_saved",
+        "prio",
+        "set_key",
+    )
+
+    def __init__(
+        self,
+        node_id: int,
+        ns: Namespace | None,
+        parent: Node | None,
+        key: tuple[int, ...],
+        blocks: list[int],
+        tokens: list[int],
+        hashes: list[int],
+        depth: int,
+    ) -> None:
+        self.id = node_id
+        self.ns = ns
+        self.parent = parent
+        self.key = key
+        self.children: dict[tuple[int, ...], Node] = {}
+        self.blocks = blocks
+        self.tokens = tokens
+        self.hashes = hashes
+        self.depth = depth
+        self.lock_ref = 0
+        self.pin_ref = 0
+        self.last_access = 0
+        self.last_used = 0.0
+        self.hits = 0
+        self.tokens_saved = 0
+        self.prio: float = 0.0
+        self.set_key: tuple[float, int] | None = None
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    @property
+    def end_depth(self) -> int:
+        return self.depth + len(self.tokens)
+
+    def path(self) -> list[Node]:
+        """Nodes from the first below the root down to this one."""
+        out: list[Node] = []
+        node: Node | None = self
+        while node is not None and node.parent is not None:
+            out.append(node)
+            node = node.parent
+        out.reverse()
+        return out
+
+    def __repr__(self) -> str:
+        return f"Node(id={self.id}, blocks={len(self.blocks)}, depth={self.depth})"
