@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from radixcache.hashing import Namespace
+from storage.host import HostTier
+from tests.storage.conftest import VALUE_BYTES, chain, encoded
+
+
+def test_lru_keeps_within_budget_and_spills_oldest(ns: Namespace) -> None:
+    spilled: list[tuple[Namespace, list[int]]] = []
+    tier = HostTier(
+        3 * VALUE_BYTES, on_evict=lambda n, items: spilled.append((n, [h for h, _ in items]))
+    )
+    hashes = chain(ns, 5)
+    tier.put(ns, encoded(hashes[:3]))
+    tier.get(ns, [hashes[0]])  # touch: hashes[1] is now least recently used
+    tier.put(ns, encoded(hashes[3:5]))
+    assert tier.contains(ns, hashes) == [True, False, False, True, True]
+    assert tier.used_bytes() == 3 * VALUE_BYTES <= tier.capacity_bytes
+    assert tier.stats.evictions == 2
+    assert spilled == [(ns, [hashes[1], hashes[2]])]
+
+
+def test_value_over_budget_is_rejected(ns: Namespace) -> None:
+    tier = HostTier(VALUE_BYTES - 1)
+    tier.put(ns, encoded(chain(ns, 1)))
+    assert len(tier) == 0 and tier.stats.rejected_writes == 1
+
+
+def test_rewrite_of_a_present_block_only_touches_it(ns: Namespace) -> None:
+    tier = HostTier(2 * VALUE_BYTES)
+    a, b, c = chain(ns, 3)
+    tier.put(ns, encoded([a, b]))
+    tier.put(ns, encoded([a]))  # a becomes most recent
+    tier.put(ns, encoded([c]))
+    assert tier.contains(ns, [a, b, c]) == [True, False, True]
+    assert tier.stats.blocks_written == 3
