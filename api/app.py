@@ -1,0 +1,102 @@
+"""The FastAPI app factory. The engine is created in the lifespan (never at import)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from api import routes_cache, routes_openai
+from api.body_limit import BodyLimitMiddleware
+from api.config import ApiConfig
+from api.engine_stats import read_counters
+from api.errors import install_error_handlers
+from api.metrics import ApiMetrics
+from api.state import ServerState, state_of
+from api.stats_history import StatsHistory
+from engine.config import EngineConfig
+
+log = logging.getLogger("radixcache.api")
+
+
+def _count_parameters(engine: Any) -> int:
+    return engine.call(lambda e: sum(p.numel() for p in e.model.parameters()))
+
+
+def _start_engine(config: EngineConfig) -> Any:
+    from engine.async_engine import AsyncEngine
+
+    engine = AsyncEngine(config)
+    engine.start()
+    return engine
+
+
+async def _sample_forever(state: ServerState) -> None:
+    while True:
+        await asyncio.sleep(state.config.stats_interval_s)
+        try:
+            await asyncio.to_thread(state.sample)
+        except Exception:  # a failing stats read must not take the server down
+            log.exception("sampling cache counters failed")
+
+
+def create_app(
+    engine_config: EngineConfig,
+    api_config: ApiConfig | None = None,
+    *,
+    on_ready: Callable[[ServerState], None] | None = None,
+) -> FastAPI:
+    api_config = api_config or ApiConfig()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = await asyncio.to_thread(_start_engine, engine_config)
+        metrics = ApiMetrics()
+        state = ServerState(
+            engine=engine,
+            config=api_config,
+            metrics=metrics,
+            history=StatsHistory(api_config.stats_history_s),
+            read_counters=lambda: read_counters(engine),
+        )
+        state.flops_per_token = 2.0 * await asyncio.to_thread(_count_parameters, engine)
+        metrics.watch_engine(state.counters, state.tokens_per_s)
+        await asyncio.to_thread(state.sample)
+        app.state.server = state
+        sampler = asyncio.create_task(_sample_forever(state))
+        if on_ready is not None:
+            on_ready(state)
+        try:
+            yield
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+            app.state.server = None
+            await asyncio.to_thread(engine.shutdown)
+
+    app = FastAPI(title="radixcache", version="0.1.0", lifespan=lifespan)
+    app.state.server = None
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=api_config.max_body_bytes)
+    app.include_router(routes_openai.router)
+    app.include_router(routes_cache.router)
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        state = state_of(request)
+        return JSONResponse({"status": "ok", "model": state.model_name})
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        state = state_of(request)
+        body = await asyncio.to_thread(state.metrics.render)
+        return Response(body, media_type="text/plain; version=0.0.4")
+
+    return app

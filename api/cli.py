@@ -1,0 +1,239 @@
+"""`radixcache` command line: `serve` (the HTTP server) and `pull` (fetch the default model)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'512M', '2G', '1.5GiB', '1048576' -> bytes."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 4096, 512M, 2G)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def cache_home() -> Path:
+    return Path(os.environ.get("RADIXCACHE_HOME") or Path.home() / ".cache" / "radixcache")
+
+
+def human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="radixcache",
+        description="An OpenAI-compatible LLM server built around a prefix-caching KV store.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="run the HTTP server (defaults: SmolLM2-135M-Instruct, disk tier, 127.0.0.1:8000)",
+        description="Run the OpenAI-compatible server. With no options: the default model "
+        "(downloaded on first start), the device KV pool plus a disk tier under the cache folder "
+        "($RADIXCACHE_HOME or ~/.cache/radixcache), listening on 127.0.0.1:8000.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _model_args(serve)
+    _tier_args(serve)
+    _server_args(serve)
+    pull = sub.add_parser("pull", help="download and convert the default model into the cache")
+    pull.add_argument("--cache-dir", type=Path, default=None, help="default: the cache folder")
+    return parser
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and KV pool")
+    g.add_argument("--model", default=None, help="Llama-family HF folder (default: SmolLM2-135M)")
+    g.add_argument("--served-model-name", default=None, help="model name clients use")
+    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    g.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument(
+        "--kv-memory",
+        type=parse_size,
+        default=parse_size("1G"),
+        help="bytes for the device KV pool (e.g. 512M, 2G)",
+    )
+    g.add_argument("--num-blocks", type=int, default=None, help="KV blocks (overrides --kv-memory)")
+    g.add_argument("--max-model-len", type=int, default=None, help="context window (tokens)")
+    g.add_argument("--max-num-seqs", type=int, default=16, help="sequences run together")
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    g.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    g.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+
+
+def _tier_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("spill tiers below the device pool")
+    g.add_argument("--host-tier-bytes", type=parse_size, default=0, help="host RAM tier (0 = off)")
+    g.add_argument(
+        "--disk-path", type=Path, default=None, help="disk tier folder (default: <cache folder>/kv)"
+    )
+    g.add_argument("--disk-bytes", type=parse_size, default=parse_size("4G"), help="disk budget")
+    g.add_argument("--no-disk", action="store_true", help="no disk tier")
+    g.add_argument("--redis-url", default=None, help="Redis tier, e.g. redis://localhost:6379/0")
+    g.add_argument(
+        "--write-policy",
+        default="write-back",
+        choices=["write-back", "write-through"],
+        help="write-back: evicted blocks spill down; write-through: also to Redis at once",
+    )
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("HTTP server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind")
+    g.add_argument("--port", type=int, default=8000, help="port to bind")
+    g.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="[TENANT=]KEY",
+        help="require this Bearer key (repeatable); a key's tenant gets its own cache",
+    )
+    g.add_argument(
+        "--admin-key", default=None, help="key for /v1/cache/prefixes, flush, pin and unpin"
+    )
+    g.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        help="requests in flight (running + waiting) before 429",
+    )
+    g.add_argument(
+        "--max-body-bytes",
+        type=parse_size,
+        default=parse_size("4M"),
+        help="larger request bodies get 413",
+    )
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def tier_config(args: argparse.Namespace) -> Any:
+    from storage.config import TierConfig
+
+    disk_path = None
+    if not args.no_disk:
+        disk_path = args.disk_path or cache_home() / "kv"
+    tiers = TierConfig(
+        host_bytes=args.host_tier_bytes,
+        disk_path=disk_path,
+        disk_bytes=args.disk_bytes,
+        redis_url=args.redis_url,
+        write_policy=args.write_policy,
+    )
+    return tiers if tiers.enabled else None
+
+
+def engine_config(args: argparse.Namespace, model_path: Path) -> Any:
+    from engine.config import EngineConfig
+
+    return EngineConfig(
+        model=str(model_path),
+        dtype=args.dtype,
+        device=args.device,
+        block_size=args.block_size,
+        kv_cache_memory=args.kv_memory,
+        num_blocks=args.num_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+        num_threads=args.threads,
+        tiers=tier_config(args),
+    )
+
+
+def api_config(args: argparse.Namespace) -> Any:
+    from api.config import ApiConfig, parse_api_keys
+
+    return ApiConfig(
+        api_keys=parse_api_keys(args.api_key),
+        admin_key=args.admin_key,
+        served_model_name=args.served_model_name,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body_bytes,
+    )
+
+
+def describe_tiers(cfg: Any, device_blocks: int | None = None) -> str:
+    parts = ["device" + (f" ({device_blocks} blocks)" if device_blocks else "")]
+    tiers = cfg.tiers
+    if tiers is not None:
+        if tiers.host_bytes:
+            parts.append(f"host ({human(tiers.host_bytes)})")
+        if tiers.disk_path is not None:
+            parts.append(f"disk ({tiers.disk_path}, {human(tiers.disk_bytes)})")
+        if tiers.redis_url:
+            parts.append(f"redis ({tiers.redis_url}, {tiers.write_policy})")
+    if not cfg.enable_prefix_caching:
+        return "off (prefix caching disabled)"
+    return " -> ".join(parts)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from engine.loader import ensure_default_model
+
+    path = ensure_default_model(args.cache_dir or cache_home(), progress=True)
+    print(f"default model ready: {path}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+
+    if args.model is None:
+        from engine.loader import ensure_default_model
+
+        model_path = ensure_default_model(cache_home(), progress=True)
+    else:
+        model_path = Path(args.model)
+        if not model_path.is_dir():
+            print(f"radixcache: --model {model_path} is not a folder", file=sys.stderr)
+            return 2
+    ecfg = engine_config(args, model_path)
+    acfg = api_config(args)
+    url = f"http://{args.host}:{args.port}"
+
+    def ready(state: Any) -> None:
+        blocks = getattr(state.engine, "num_blocks", None)
+        print(f"radixcache: serving {state.model_name} at {url}/v1", flush=True)
+        print(f"radixcache: KV cache tiers: {describe_tiers(ecfg, blocks)}", flush=True)
+        auth = "API keys required" if acfg.api_keys else "no API key"
+        admin = "admin key set" if acfg.admin_key else "admin endpoints open only without keys"
+        print(f"radixcache: {auth}; {admin}", flush=True)
+
+    print(f"radixcache: loading {model_path} ...", flush=True)
+    app = create_app(ecfg, acfg, on_ready=ready)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "pull":
+            return cmd_pull(args)
+        return cmd_serve(args)
+    except ValueError as exc:
+        print(f"radixcache: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

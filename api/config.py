@@ -1,0 +1,40 @@
+"""Server-side settings of the HTTP layer (the engine has its own EngineConfig)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+
+def tenant_of_key(key: str) -> str:
+    """A stable tenant name for an API key that was given without one."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def parse_api_keys(specs: list[str]) -> dict[str, str]:
+    """`KEY` or `TENANT=KEY` (keys sharing a tenant share its cache) -> {key: tenant}."""
+    keys: dict[str, str] = {}
+    for spec in specs:
+        tenant, sep, key = spec.partition("=")
+        if not sep:
+            tenant, key = tenant_of_key(spec), spec
+        if not key or not tenant:
+            raise ValueError(f"bad --api-key {spec!r}: expected KEY or TENANT=KEY")
+        keys[key] = tenant
+    return keys
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    api_keys: dict[str, str] = field(default_factory=dict)  # key -> tenant
+    admin_key: str | None = None
+    served_model_name: str | None = None  # default: the engine's model name
+    max_queue: int = 256  # requests in flight (running + waiting); beyond: 429
+    max_body_bytes: int = 4 * 1024 * 1024
+    stats_interval_s: float = 5.0  # how often cache counters are sampled for windowed rates
+    stats_history_s: float = 3600.0
+    default_max_tokens: int = 256
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys) or self.admin_key is not None

@@ -1,0 +1,100 @@
+"""OpenAI-style JSON errors: {"error": {"message", "type", "param", "code"}}; never a bare 500."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("radixcache.api")
+
+M = TypeVar("M", bound=BaseModel)
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def error_json(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict:
+    err_type = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(error_json(status, message, param, code), status, headers=headers)
+
+
+def _describe(errors: list) -> tuple[str, str | None]:
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    msg = first.get("msg", "invalid value")
+    if first.get("type") == "missing":
+        return f"Missing required parameter: '{param}'", param
+    return (f"Invalid value for '{param}': {msg}" if param else msg), param
+
+
+def parse_body(raw: bytes, model: type[M]) -> M:
+    """Validate a JSON body into `model`; invalid JSON and schema errors become 400s."""
+    if not raw.strip():
+        raise ApiError(400, "Request body is empty: expected a JSON object", code="invalid_json")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"Invalid JSON in request body: {exc}", code="invalid_json") from exc
+    if not isinstance(data, dict):
+        raise ApiError(400, "Request body must be a JSON object", code="invalid_json")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        message, param = _describe(exc.errors())
+        raise ApiError(400, message, param=param, code="invalid_value") from exc
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _describe(list(exc.errors()))
+        return error_response(400, message, param, "invalid_value")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(500, f"Internal error: {type(exc).__name__}", code="internal_error")

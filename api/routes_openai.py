@@ -1,0 +1,195 @@
+"""OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from api.auth import identify
+from api.errors import ApiError, parse_body
+from api.generation import ClientDisconnected, Job, Timing, collect_final
+from api.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    new_id,
+    now,
+)
+from api.responses import chat_logprobs, completion_logprobs, finish_reason, usage_of
+from api.state import ServerState, state_of
+from api.streams import EventStream, StreamContext, chat_events, completion_events
+from api.validation import (
+    check_model,
+    encode_prompt,
+    resolve_max_tokens,
+    to_sampling_params,
+)
+
+router = APIRouter()
+
+MAX_BATCH_PROMPTS = 64
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> ModelList:
+    state = state_of(request)
+    identify(state.config, request)
+    cards = [
+        ModelCard(id=name, created=int(state.started_at), max_model_len=state.engine.max_model_len)
+        for name in state.served_names
+    ]
+    return ModelList(data=cards)
+
+
+def _chat_prompt_ids(engine: Any, req: ChatCompletionRequest) -> list[int]:
+    try:
+        ids = list(
+            engine.tokenizer.apply_chat_template(req.chat_messages(), add_generation_prompt=True)
+        )
+    except Exception as exc:  # template errors are the request's fault (roles, order)
+        raise ApiError(400, f"Cannot apply the chat template: {exc}", param="messages") from exc
+    if not ids:
+        raise ApiError(400, "The messages produce an empty prompt", param="messages")
+    return ids
+
+
+async def _run(
+    request: Request,
+    state: ServerState,
+    jobs: list[Job],
+    stream_ctx: StreamContext,
+    events: Any,
+    build: Any,
+) -> Response:
+    state.acquire(len(jobs))
+    if events is not None:
+
+        def on_close() -> None:
+            state.release(len(jobs))
+
+        return EventStream(events(stream_ctx, state.engine.tokenizer), on_close)
+    try:
+        finals = await collect_final(state.engine, jobs, stream_ctx.timing, request)
+        stream_ctx.timing.finish()
+    except ClientDisconnected:
+        state.metrics.requests.labels(request.url.path, "disconnected").inc()
+        return Response(status_code=499)
+    finally:
+        state.release(len(jobs))
+    state.metrics.requests.labels(request.url.path, "ok").inc()
+    return JSONResponse(build(finals).model_dump())
+
+
+def _context(
+    state: ServerState, req: Any, jobs: list[Job], prefix: str, logprobs: bool
+) -> StreamContext:
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return StreamContext(
+        engine=state.engine,
+        jobs=jobs,
+        timing=Timing(state.metrics),
+        request_id=new_id(prefix),
+        created=now(),
+        model=req.model,
+        n=req.n,
+        include_usage=include_usage,
+        logprobs=logprobs,
+    )
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    state = state_of(request)
+    caller = identify(state.config, request)
+    req = parse_body(await request.body(), CompletionRequest)
+    check_model(req.model, state.served_names)
+    engine = state.engine
+    prompts = req.prompts()
+    if not prompts:
+        raise ApiError(400, "The prompt is empty", param="prompt", code="empty_prompt")
+    if len(prompts) > MAX_BATCH_PROMPTS:
+        raise ApiError(400, f"At most {MAX_BATCH_PROMPTS} prompts per request", param="prompt")
+    salt = caller.cache_salt(req.cache_salt)
+    jobs = []
+    for prompt in prompts:
+        ids = encode_prompt(engine.tokenizer, prompt)
+        max_tokens = resolve_max_tokens(
+            req.max_tokens, len(ids), engine.max_model_len, COMPLETION_DEFAULT_MAX_TOKENS
+        )
+        params = to_sampling_params(req, max_tokens, req.logprobs)
+        jobs.append(Job(new_id("cmpl"), ids, ids, params, salt))
+    ctx = _context(state, req, jobs, "cmpl", req.logprobs is not None)
+    tok = engine.tokenizer
+    if req.echo:
+        ctx.echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts]
+
+    def build(finals: list[Any]) -> CompletionResponse:
+        choices = []
+        for j, out in enumerate(finals):
+            head = ctx.echo[j] if ctx.echo else ""
+            for c in out.outputs:
+                lp = completion_logprobs(tok, c, 0, len(c.token_ids), len(head))
+                choices.append(
+                    CompletionChoice(
+                        index=j * req.n + c.index,
+                        text=head + c.text,
+                        logprobs=lp if ctx.logprobs else None,
+                        finish_reason=finish_reason(c.finish_reason),
+                    )
+                )
+        return CompletionResponse(
+            id=ctx.request_id,
+            created=ctx.created,
+            model=req.model,
+            choices=choices,
+            usage=usage_of(finals),
+        )
+
+    return await _run(request, state, jobs, ctx, completion_events if req.stream else None, build)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    state = state_of(request)
+    caller = identify(state.config, request)
+    req = parse_body(await request.body(), ChatCompletionRequest)
+    check_model(req.model, state.served_names)
+    engine = state.engine
+    ids = _chat_prompt_ids(engine, req)
+    requested = req.max_completion_tokens or req.max_tokens
+    max_tokens = resolve_max_tokens(requested, len(ids), engine.max_model_len, None)
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    params = to_sampling_params(req, max_tokens, top)
+    jobs = [Job(new_id("chatcmpl"), ids, ids, params, caller.cache_salt(req.cache_salt))]
+    ctx = _context(state, req, jobs, "chatcmpl", req.logprobs)
+    tok = engine.tokenizer
+
+    def build(finals: list[Any]) -> ChatCompletionResponse:
+        out = finals[0]
+        choices = [
+            ChatChoice(
+                index=c.index,
+                message=AssistantMessage(content=c.text),
+                logprobs=chat_logprobs(tok, c, 0, len(c.token_ids)) if req.logprobs else None,
+                finish_reason=finish_reason(c.finish_reason),
+            )
+            for c in out.outputs
+        ]
+        return ChatCompletionResponse(
+            id=ctx.request_id,
+            created=ctx.created,
+            model=req.model,
+            choices=choices,
+            usage=usage_of(finals),
+        )
+
+    return await _run(request, state, jobs, ctx, chat_events if req.stream else None, build)
