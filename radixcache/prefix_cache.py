@@ -117,6 +117,20 @@ class PrefixCache:
         last_hash = walk.node.hashes[-1] if walk.path else None
         return MatchResult(walk.blocks, walk.num_tokens, walk.node, last_hash)
 
+    def peek(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> MatchResult:
+        """Like match, but changes nothing (no stats, no recency, no split): for lookups only.
+
+        The handle is the deepest fully matched node; do not lock it."""
+        self._check_ns(ns)
+        toks = _as_list(tokens)
+        walk = self.tree.walk(ns, toks, len(toks) // self.block_size, split=False)
+        last_hash = self._hash_of(walk.blocks[-1]) if walk.blocks else None
+        return MatchResult(walk.blocks, walk.num_tokens, walk.node, last_hash)
+
+    def is_cached(self, block_id: int) -> bool:
+        """True when the tree owns `block_id` (it may also carry private references)."""
+        return self.pool.owned[block_id]
+
     def lock(self, handle: NodeHandle) -> None:
         self._check_handle(handle)
         self.tree.add_refs(handle, 1, 0)
@@ -290,6 +304,10 @@ class PrefixCache:
             if self.pool.adopt(b) > 0:  # a sibling still holds it: keep it from eviction
                 self.tree.add_refs(node, 1, 0)
                 self._private_locks[b] = node
+
+    def _hash_of(self, block_id: int) -> int:
+        node = self.tree.block_node[block_id]
+        return node.hashes[node.blocks.index(block_id)]
 
     def _stats_of(self, ns: Namespace) -> NamespaceStats:
         st = self._ns_stats.get(ns)

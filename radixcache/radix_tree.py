@@ -55,8 +55,11 @@ class RadixTree:
             root = self.roots[ns] = self._new_node(ns, None, (), [], [], [], 0)
         return root
 
-    def walk(self, ns: Namespace, tokens: list[int], num_blocks: int) -> Walk:
-        """Longest cached prefix of tokens[: num_blocks * bs]; splits the last node at its end."""
+    def walk(self, ns: Namespace, tokens: list[int], num_blocks: int, split: bool = True) -> Walk:
+        """Longest cached prefix of tokens[: num_blocks * bs]; splits the last node at its end.
+
+        With split=False the tree is left as is: `node` is then the deepest fully matched node.
+        """
         bs = self.block_size
         end = num_blocks * bs
         node = self.root(ns)
@@ -70,6 +73,8 @@ class RadixTree:
                 matched = size
             else:
                 matched = self._common_tokens(child.tokens, tokens, pos, end)
+                if matched < size and not split:
+                    return Walk(node, blocks + child.blocks[: matched // bs], pos + matched, path)
                 if matched < size:
                     child = self.split(child, matched // bs)
             blocks += child.blocks

@@ -225,3 +225,14 @@ def test_integrity_check_catches_corruption():
     res.handle.lock_ref = 1  # a lock the counters do not know about
     with pytest.raises(IntegrityError):
         cache.check_integrity()
+
+
+def test_peek_changes_nothing():
+    cache = PrefixCache(8, BS)
+    res = cached(cache, seq(0, 3))
+    nodes = len(cache.tree.iter_nodes())
+    p = cache.peek(NS, seq(0, 2) + [9, 9, 9, 9])
+    assert p.block_ids == res.block_ids[:2] and p.num_tokens == 8
+    assert p.last_hash == block_hashes(NS, seq(0, 2))[-1]
+    assert len(cache.tree.iter_nodes()) == nodes and cache.stats().namespaces[NS].lookups == 0
+    assert cache.is_cached(res.block_ids[0]) and not cache.is_cached(cache.pool.free_ids()[0])
