@@ -1,0 +1,180 @@
+"""Engine behaviour on a tiny model: prefix cache on/off, cached-token counts, batch invariance,
+preemption, rejection, seeds, stop strings/tokens, parallel sampling, abort."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.llm import LLM
+from engine.request import RequestTooLarge
+from engine.sampling import SamplingParams
+
+BS = 4
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 250) for _ in range(n)]
+
+
+def _llm(path, **kw) -> LLM:
+    kw.setdefault("num_blocks", 256)
+    return LLM(str(path), dtype="float32", block_size=BS, **kw)
+
+
+def _texts(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _assert_all_released(llm: LLM) -> None:
+    cache = llm.engine.prefix_cache
+    cache.check_integrity()
+    assert cache.num_free_blocks() + cache.num_evictable_blocks() == cache.num_blocks
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama):
+    """Each prompt alone, cache off: the outputs everything else must reproduce."""
+    llm = _llm(tiny_llama, enable_prefix_caching=False)
+    prompts = _prompts()
+    return {i: _texts(llm.generate([p], GREEDY))[0] for i, p in enumerate(prompts)}
+
+
+def _prompts() -> list[list[int]]:
+    shared = _tokens(12, 0)  # 3 blocks
+    return [shared + _tokens(5, 1), shared + _tokens(6, 2), _tokens(9, 3), _tokens(23, 4)]
+
+
+def test_second_request_reuses_shared_three_blocks(tiny_llama, reference):
+    llm = _llm(tiny_llama)
+    prompts = _prompts()
+    first = llm.generate([prompts[0]], GREEDY)[0]
+    second = llm.generate([prompts[1]], GREEDY)[0]
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens == 3 * BS
+    assert second.cached_tokens_by_tier == {"device": 3 * BS}
+    assert _texts([first, second]) == [reference[0], reference[1]]
+    again = llm.generate([prompts[0]], GREEDY)[0]  # whole prompt but the last token's block
+    assert again.num_cached_tokens == (len(prompts[0]) - 1) // BS * BS
+    assert again.outputs[0].token_ids == reference[0]
+    _assert_all_released(llm)
+
+
+def test_cache_on_and_off_identical(tiny_llama, reference):
+    prompts = _prompts() * 2
+    for caching in (True, False):
+        llm = _llm(tiny_llama, enable_prefix_caching=caching)
+        outs = llm.generate(prompts, GREEDY)
+        assert _texts(outs) == [reference[i % 4] for i in range(8)]
+        _assert_all_released(llm)
+
+
+def test_generated_tokens_are_cached_for_the_next_turn(tiny_llama):
+    llm = _llm(tiny_llama)
+    prompt = _tokens(10, 5)
+    out = llm.generate([prompt], GREEDY)[0]
+    turn2 = prompt + out.outputs[0].token_ids + _tokens(6, 6)
+    second = llm.generate([turn2], GREEDY)[0]
+    # every block whose KV was computed (all but the last generated token) is reused
+    computed = len(prompt) + len(out.outputs[0].token_ids) - 1
+    assert second.num_cached_tokens == computed // BS * BS
+
+
+def test_batch_and_chunking_invariance(tiny_llama, reference):
+    prompts = _prompts()
+    for kw in ({"max_num_batched_tokens": 7}, {"max_num_seqs": 1}, {"max_num_batched_tokens": 1}):
+        llm = _llm(tiny_llama, **kw)
+        assert _texts(llm.generate(prompts, GREEDY)) == [reference[i] for i in range(4)]
+
+
+def test_preemption_under_tiny_kv_budget(tiny_llama, reference):
+    prompts = _prompts() * 3
+    llm = _llm(tiny_llama, num_blocks=12)
+    outs = llm.generate(prompts, GREEDY)
+    assert _texts(outs) == [reference[i % 4] for i in range(12)]
+    assert llm.engine.stats.preemptions > 0
+    _assert_all_released(llm)
+
+
+def test_oversized_request_rejected_clearly(tiny_llama):
+    llm = _llm(tiny_llama, num_blocks=8)
+    with pytest.raises(RequestTooLarge, match="KV blocks"):
+        llm.generate([_tokens(30, 7)], SamplingParams(max_tokens=8))
+    llm = _llm(tiny_llama, max_model_len=16)
+    with pytest.raises(RequestTooLarge, match="context window"):
+        llm.generate([_tokens(16, 7)], GREEDY)
+    ok = llm.generate([_tokens(10, 7)], GREEDY)[0]
+    assert ok.outputs[0].finish_reason == "length" and len(ok.outputs[0].token_ids) == 6
+
+
+def test_seeds_reproducible(tiny_llama):
+    llm = _llm(tiny_llama)
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=42, ignore_eos=True)
+    alone = _texts(llm.generate([_tokens(9, 8)], params))[0]
+    batched = _texts(llm.generate([_tokens(9, 8), _tokens(13, 9)], [params, GREEDY]))[0]
+    assert alone == batched
+    other = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=43, ignore_eos=True)
+    assert _texts(llm.generate([_tokens(9, 8)], other))[0] != alone
+
+
+def test_stop_strings_and_stop_tokens(tiny_llama):
+    llm = _llm(tiny_llama)
+    prompt = _tokens(8, 10)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    full = llm.generate([prompt], params)[0].outputs[0]
+    stop = full.text[3:5]
+    cut = llm.generate([prompt], SamplingParams(**{**vars(params), "stop": (stop,)}))[0]
+    assert cut.outputs[0].finish_reason == "stop"
+    assert cut.outputs[0].text == full.text[: full.text.find(stop)]
+    tok = full.token_ids[4]
+    by_token = llm.generate([prompt], SamplingParams(**{**vars(params), "stop_token_ids": (tok,)}))
+    out = by_token[0].outputs[0]
+    assert (
+        out.finish_reason == "stop"
+        and out.token_ids == full.token_ids[: full.token_ids.index(tok) + 1]
+    )
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_parallel_sampling_shares_prompt_blocks(tiny_llama, reference, caching):
+    llm = _llm(tiny_llama, enable_prefix_caching=caching)
+    prompt = _prompts()[0]  # 17 tokens: a partial last block that is copied on write
+    greedy = SamplingParams(n=3, temperature=0, max_tokens=10, ignore_eos=True)
+    out = llm.generate([prompt], greedy)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert all(c.token_ids == reference[0] for c in out.outputs)
+    sampled = SamplingParams(n=4, temperature=1.0, max_tokens=10, seed=1, ignore_eos=True)
+    out = llm.generate([prompt], sampled)[0]
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    assert llm.engine.stats.prefill_tokens <= 2 * len(prompt)  # forks did not recompute
+    _assert_all_released(llm)
+
+
+def test_abort_frees_blocks(tiny_llama):
+    llm = _llm(tiny_llama)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True, n=2)
+    for i in range(3):
+        engine.add_request(f"r{i}", _tokens(11, 20 + i), params)
+    for _ in range(3):
+        engine.step()
+    assert engine.prefix_cache.stats().referenced > 0
+    out = engine.abort("r1")
+    assert out.finished and all(c.finish_reason == "abort" for c in out.outputs)
+    engine.abort("r0")
+    engine.abort("r2")
+    assert not engine.has_unfinished() and engine.abort("r2") is None
+    _assert_all_released(llm)
+    assert engine.step() == []
+
+
+def test_chat_uses_template_and_stops_at_eos(tiny_llama):
+    llm = _llm(tiny_llama)
+    messages = [{"role": "user", "content": "hi"}]
+    out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=5))[0]
+    expected = llm.tokenizer.apply_chat_template(messages)
+    assert out.prompt_token_ids == expected
+    assert out.outputs[0].finish_reason in ("stop", "length")
