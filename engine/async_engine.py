@@ -36,8 +36,12 @@ class _Stream:
         self.loop = loop
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
-    def put(self, item: RequestOutput | BaseException) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+    def put(self, item: RequestOutput | BaseException) -> bool:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the consumer's event loop is closed: nobody will read this
+            return False
+        return True
 
 
 class AsyncEngine:
@@ -214,8 +218,11 @@ class AsyncEngine:
             if stream is not None and out.finished:
                 del self._streams[out.request_id]
                 self._in_flight -= 1
-        if stream is not None:
-            stream.put(out)
+        if stream is not None and not stream.put(out) and not out.finished:
+            self.engine.abort(out.request_id)
+            with self._lock:
+                if self._streams.pop(out.request_id, None) is not None:
+                    self._in_flight -= 1
 
     def _fail(self, request_id: str, exc: BaseException) -> None:
         with self._lock:

@@ -240,11 +240,7 @@ class LLMEngine:
         """Tokens of this prompt's prefix cached per tier, without running or locking it."""
         ns = self.namespace_for(cache_salt)
         found = {"device": 0, "host": 0, "disk": 0, "redis": 0}
-        match = (
-            self.prefix_cache.peek(ns, token_ids) if hasattr(self.prefix_cache, "peek") else None
-        )
-        if match is None:
-            match = self.prefix_cache.match(ns, token_ids)
+        match = self.prefix_cache.peek(ns, token_ids)
         found["device"] = match.num_tokens
         return found
 
