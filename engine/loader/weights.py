@@ -1,0 +1,108 @@
+"""load_model: a Hugging Face folder (config.json + *.safetensors, sharded or not) -> model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.models.config import ModelConfig
+from engine.models.llama import LlamaForCausalLM
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_SAMPLE_CHUNKS, _CHUNK = 8, 1 << 16
+
+
+def weight_files(path: Path) -> list[Path]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}")
+    return files
+
+
+def model_digest(path: str | Path) -> str:
+    """Cheap identity of a model folder: config.json, and per weights file its name, size,
+    safetensors header and a few sampled chunks of its bytes (sha256, 32 hex chars)."""
+    path = Path(path)
+    h = hashlib.sha256((path / "config.json").read_bytes())
+    for f in weight_files(path):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with f.open("rb") as fh:
+            header_len = int.from_bytes(fh.read(8), "little")
+            h.update(fh.read(min(header_len, 1 << 24)))
+            for i in range(_SAMPLE_CHUNKS):
+                fh.seek(size * i // _SAMPLE_CHUNKS)
+                h.update(fh.read(_CHUNK))
+    return h.hexdigest()[:32]
+
+
+def _targets(model: LlamaForCausalLM) -> dict[str, tuple[torch.Tensor, slice]]:
+    """HF tensor name -> (our parameter, rows of it) for every tensor the model needs."""
+    c = model.config
+    q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
+    full = slice(None)
+    out: dict[str, tuple[torch.Tensor, slice]] = {
+        "model.embed_tokens.weight": (model.embed_tokens, full),
+        "model.norm.weight": (model.norm, full),
+    }
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = (model.lm_head, full)
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        qkv_rows = {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}
+        for name, rows in qkv_rows.items():
+            out[f"{p}self_attn.{name}_proj.weight"] = (layer.qkv_proj, rows)
+            if layer.qkv_bias is not None:
+                out[f"{p}self_attn.{name}_proj.bias"] = (layer.qkv_bias, rows)
+        out[f"{p}self_attn.o_proj.weight"] = (layer.o_proj, full)
+        if layer.o_bias is not None:
+            out[f"{p}self_attn.o_proj.bias"] = (layer.o_bias, full)
+        if layer.q_norm is not None:
+            out[f"{p}self_attn.q_norm.weight"] = (layer.q_norm, full)
+            out[f"{p}self_attn.k_norm.weight"] = (layer.k_norm, full)
+        out[f"{p}input_layernorm.weight"] = (layer.input_layernorm, full)
+        out[f"{p}post_attention_layernorm.weight"] = (layer.post_attention_layernorm, full)
+        gu_rows = {"gate": slice(0, inter), "up": slice(inter, 2 * inter)}
+        for name, rows in gu_rows.items():
+            out[f"{p}mlp.{name}_proj.weight"] = (layer.gate_up_proj, rows)
+            if layer.gate_up_bias is not None:
+                out[f"{p}mlp.{name}_proj.bias"] = (layer.gate_up_bias, rows)
+        out[f"{p}mlp.down_proj.weight"] = (layer.down_proj, full)
+        if layer.down_bias is not None:
+            out[f"{p}mlp.down_proj.bias"] = (layer.down_bias, full)
+    return out
+
+
+def load_model(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> LlamaForCausalLM:
+    """Build the decoder for the folder's config.json and copy its weights in (fused qkv/gate_up)."""
+    path = Path(path)
+    config = ModelConfig.from_file(path)
+    model = LlamaForCausalLM(config, dtype=dtype, device=device)
+    targets = _targets(model)
+    missing = set(targets)
+    with torch.no_grad():
+        for f in weight_files(path):
+            with safe_open(f, framework="pt") as st:
+                for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    if name not in targets:
+                        if name == "lm_head.weight" or name.endswith("rotary_emb.inv_freq"):
+                            continue
+                        raise ValueError(f"unexpected tensor {name!r} in {f.name}")
+                    param, rows = targets[name]
+                    param[rows].copy_(st.get_tensor(name))
+                    missing.discard(name)
+    if missing:
+        raise ValueError(f"missing tensors in {path}: {sorted(missing)[:5]} ...")
+    model.model_id = f"{config.model_type}-{model_digest(path)}"
+    return model
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}

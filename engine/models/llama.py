@@ -1,0 +1,122 @@
+"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, SmolLM2) over a flat ragged batch.
+
+Weights are held fused: qkv_proj = [q; k; v] and gate_up_proj = [gate; up] (see loader).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionBackend, AttentionMetadata, make_attention_backend
+from engine.models.config import ModelConfig
+from engine.models.rope import RotaryEmbedding, apply_rope
+
+
+def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        c, kw = config, {"dtype": dtype, "device": device}
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+        )
+        self.q_size, self.kv_size, self.eps = c.q_size, c.kv_size, c.rms_norm_eps
+        self.scale = c.head_dim**-0.5
+        self.input_layernorm = _param(c.hidden_size, **kw)
+        self.qkv_proj = _param(c.q_size + 2 * c.kv_size, c.hidden_size, **kw)
+        self.qkv_bias = _param(c.q_size + 2 * c.kv_size, **kw) if c.attention_bias else None
+        self.q_norm = _param(c.head_dim, **kw) if c.qk_norm else None
+        self.k_norm = _param(c.head_dim, **kw) if c.qk_norm else None
+        self.o_proj = _param(c.hidden_size, c.q_size, **kw)
+        self.o_bias = _param(c.hidden_size, **kw) if c.o_proj_bias else None
+        self.post_attention_layernorm = _param(c.hidden_size, **kw)
+        self.gate_up_proj = _param(2 * c.intermediate_size, c.hidden_size, **kw)
+        self.gate_up_bias = _param(2 * c.intermediate_size, **kw) if c.mlp_bias else None
+        self.down_proj = _param(c.hidden_size, c.intermediate_size, **kw)
+        self.down_bias = _param(c.hidden_size, **kw) if c.mlp_bias else None
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [T, hidden] residual stream
+        cos: torch.Tensor,  # [T, 1, rotary_dim / 2]
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,  # [num_blocks, bs, Hkv, D]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        attn: AttentionBackend,
+    ) -> torch.Tensor:
+        t = h.shape[0]
+        x = F.rms_norm(h, h.shape[-1:], self.input_layernorm, self.eps)
+        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = F.rms_norm(q, q.shape[-1:], self.q_norm, self.eps)
+            k = F.rms_norm(k, k.shape[-1:], self.k_norm, self.eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)
+        h = h + F.linear(o.view(t, self.q_size), self.o_proj, self.o_bias)
+        x = F.rms_norm(h, h.shape[-1:], self.post_attention_layernorm, self.eps)
+        gate, up = F.linear(x, self.gate_up_proj, self.gate_up_bias).chunk(2, dim=-1)
+        return h + F.linear(F.silu(gate) * up, self.down_proj, self.down_bias)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        attention: AttentionBackend | None = None,
+    ) -> None:
+        super().__init__()
+        device = torch.device(device)
+        self.config, self.dtype, self.device = config, dtype, device
+        self.model_id = ""
+        kw = {"dtype": dtype, "device": device}
+        self.embed_tokens = _param(config.vocab_size, config.hidden_size, **kw)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = _param(config.hidden_size, **kw)
+        self.lm_head = (
+            self.embed_tokens
+            if config.tie_word_embeddings
+            else _param(config.vocab_size, config.hidden_size, **kw)
+        )
+        self.rope = RotaryEmbedding(config, dtype, device)
+        self.attention = attention or make_attention_backend(device)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        kv_cache: torch.Tensor,  # [layers, 2, num_blocks, bs, Hkv, D]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        h = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
+        cos, sin = self.rope.lookup(positions, meta.max_seqlen_k)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, kv_cache[i, 0], kv_cache[i, 1], meta, self.attention)
+        return F.rms_norm(h, h.shape[-1:], self.norm, self.config.rms_norm_eps)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [S, hidden] (the rows to sample) -> float32 logits [S, vocab]."""
+        return F.linear(hidden, self.lm_head).float()
+
+    def make_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
+        """A zeroed KV cache of the contract's layout for this model."""
+        c = self.config
+        shape = (c.num_hidden_layers, 2, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)

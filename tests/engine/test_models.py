@@ -1,0 +1,191 @@
+"""Parity of engine.models with transformers on tiny random-weight Llama-family configs (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from engine.attention import build_attention_metadata, compute_positions
+from engine.loader import load_model
+from engine.models.config import ModelConfig
+from engine.models.rope import rope_inv_freq
+
+BLOCK_SIZE = 4
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=160,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+)
+CONFIGS = {
+    "llama-tied": (transformers.LlamaConfig, dict(tie_word_embeddings=True, rope_theta=500.0)),
+    "llama-bias-llama3rope": (
+        transformers.LlamaConfig,
+        dict(
+            attention_bias=True,
+            mlp_bias=True,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+    ),
+    "qwen2": (transformers.Qwen2Config, dict(tie_word_embeddings=False)),
+    "qwen3": (transformers.Qwen3Config, dict(head_dim=32, tie_word_embeddings=True)),
+    "mistral": (transformers.MistralConfig, dict(rope_theta=1e4, sliding_window=None)),
+}
+
+
+def randomize(model: torch.nn.Module) -> None:
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.2 * noise if "norm" in name else 0.15 * noise)
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def pair(request, tmp_path_factory):
+    cls, extra = CONFIGS[request.param]
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(cls(**TINY, **extra), dtype=torch.float32)
+    randomize(hf)
+    path = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(path)
+    return hf.eval(), load_model(path, torch.float32, "cpu")
+
+
+def run_steps(model, steps: list[list[int]]) -> torch.Tensor:
+    """Feed one sequence in chunks (prefill chunks then decode tokens); logits of every token."""
+    kv = model.make_kv_cache(num_blocks=64, block_size=BLOCK_SIZE)
+    blocks = list(range(63, 0, -2))  # non-contiguous, descending block ids
+    done, logits = 0, []
+    for chunk in steps:
+        done += len(chunk)
+        meta = build_attention_metadata([len(chunk)], [done], [blocks], BLOCK_SIZE)
+        pos = torch.from_numpy(compute_positions([len(chunk)], [done]))
+        hidden = model(torch.tensor(chunk), pos, kv, meta)
+        logits.append(model.compute_logits(hidden))
+    return torch.cat(logits)
+
+
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+def assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    scale = ref.abs().max().item()
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_prefill_logits_match(pair):
+    hf, ours = pair
+    ids = torch.randint(0, 160, (23,), generator=torch.Generator().manual_seed(1)).tolist()
+    assert_close(run_steps(ours, [ids]), hf_logits(hf, ids))
+
+
+def test_chunked_prefill_and_decode_logits_match(pair):
+    hf, ours = pair
+    ids = torch.randint(0, 160, (30,), generator=torch.Generator().manual_seed(2)).tolist()
+    steps = [ids[:7], ids[7:9], ids[9:21], *[[t] for t in ids[21:]]]
+    assert_close(run_steps(ours, steps), hf_logits(hf, ids))
+
+
+def test_greedy_generation_matches_transformers(pair):
+    hf, ours = pair
+    prompt = [5, 17, 33, 2, 99, 140, 7]
+    ref = hf.generate(
+        torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None
+    )[0, len(prompt) :].tolist()
+    kv = ours.make_kv_cache(num_blocks=16, block_size=BLOCK_SIZE)
+    seq, out = list(prompt), []
+    chunk = prompt
+    for _ in range(12):
+        meta = build_attention_metadata([len(chunk)], [len(seq)], [list(range(16))], BLOCK_SIZE)
+        pos = torch.arange(len(seq) - len(chunk), len(seq))
+        hidden = ours(torch.tensor(chunk), pos, kv, meta)
+        nxt = int(ours.compute_logits(hidden[-1:]).argmax())
+        out.append(nxt)
+        seq.append(nxt)
+        chunk = [nxt]
+    assert out == ref
+
+
+def test_ragged_batch_equals_one_at_a_time(pair):
+    """Prefill chunks with and without a cached prefix and decode tokens in one forward."""
+    _, ours = pair
+    gen = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, 160, (n,), generator=gen).tolist() for n in (9, 14, 6, 11)]
+    alone = [run_steps(ours, [s]) for s in seqs]
+    kv = ours.make_kv_cache(num_blocks=64, block_size=BLOCK_SIZE)
+    tables = [list(range(i * 16, i * 16 + 16)) for i in range(4)]
+    first = [5, 10, 6, 11]  # step 1: prefixes (seq 2 and 3 complete)
+    second = [4, 4, 0, 0]  # step 2: seq 0 and 1 finish in chunks of 4 ... then decode below
+    for cut in (first, second):
+        done = [sum(x) for x in zip(first, *([second] if cut is second else []), strict=True)]
+        lens = [c for c in cut if c]
+        rows = [i for i, c in enumerate(cut) if c]
+        ids = [t for i in rows for t in seqs[i][done[i] - cut[i] : done[i]]]
+        meta = build_attention_metadata(
+            lens, [done[i] for i in rows], [tables[i] for i in rows], BLOCK_SIZE
+        )
+        pos = torch.from_numpy(compute_positions(lens, [done[i] for i in rows]))
+        logits = ours.compute_logits(ours(torch.tensor(ids), pos, kv, meta))
+        ends = torch.cumsum(torch.tensor(lens), 0) - 1
+        for j, i in enumerate(rows):
+            assert_close(logits[ends[j]], alone[i][done[i] - 1])
+    # one decode token for every sequence, in one batch
+    nxt = [3, 4, 5, 6]
+    meta = build_attention_metadata([1] * 4, [len(s) + 1 for s in seqs], tables, BLOCK_SIZE)
+    pos = torch.tensor([len(s) for s in seqs])
+    logits = ours.compute_logits(ours(torch.tensor(nxt), pos, kv, meta))
+    for i, s in enumerate(seqs):
+        assert_close(logits[i], run_steps(ours, [s + [nxt[i]]])[-1])
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "default", "rope_theta": 1e4},
+        {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
+        {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+        {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_theta": 5e5,
+        },
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 4096,
+            "rope_theta": 1e6,
+        },
+    ],
+    ids=lambda r: r["rope_type"],
+)
+def test_rope_inv_freq_matches_transformers(rope):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf_config = transformers.LlamaConfig(
+        **{**TINY, "max_position_embeddings": 16384}, rope_parameters=dict(rope)
+    )
+    ours, scaling = rope_inv_freq(ModelConfig.from_dict(hf_config.to_dict()))
+    if rope["rope_type"] == "default":
+        ref = 1.0 / (rope["rope_theta"] ** (torch.arange(0, 16, 2).float() / 16))
+        ref_scaling = 1.0
+    else:
+        ref, ref_scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf_config, "cpu")
+    torch.testing.assert_close(ours, ref.float())
+    assert scaling == pytest.approx(ref_scaling)
