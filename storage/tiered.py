@@ -45,6 +45,7 @@ class StoreStats:
     loads: int = 0  # load_prefix calls that asked the tiers
     loaded_blocks: int = 0
     deadline_misses: int = 0  # load_prefix calls that returned at the deadline
+    load_errors: int = 0  # load_prefix calls cut short by an unexpected tier exception
 
 
 class TieredStore:
@@ -95,6 +96,8 @@ class TieredStore:
             future.result(timeout=self.config.deadline_s if deadline_s is None else deadline_s)
         except FutureTimeout:
             self.store_stats.deadline_misses += 1
+        except Exception:  # a failing tier must not fail the request: recompute instead
+            self.store_stats.load_errors += 1
         names, blocks = job.finish()
         self._count_hits(ns, names)
         return LoadResult(names, blocks)
