@@ -184,6 +184,14 @@ def describe_tiers(cfg: Any, device_blocks: int | None = None) -> str:
     return " -> ".join(parts)
 
 
+def describe_auth(acfg: Any) -> str:
+    if not acfg.auth_enabled:
+        return "no API keys: local mode, every caller may use the admin endpoints"
+    keys = f"{len(acfg.api_keys)} API key(s)" if acfg.api_keys else "API open (no --api-key)"
+    admin = "admin key set" if acfg.admin_key else "admin endpoints disabled (no --admin-key)"
+    return f"{keys}; {admin}"
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     from engine.loader import ensure_default_model
 
@@ -211,12 +219,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     url = f"http://{args.host}:{args.port}"
 
     def ready(state: Any) -> None:
-        blocks = getattr(state.engine, "num_blocks", None)
+        device = state.counters().occupancy.get("device")
+        blocks = device.capacity_blocks if device is not None else None
         print(f"radixcache: serving {state.model_name} at {url}/v1", flush=True)
         print(f"radixcache: KV cache tiers: {describe_tiers(ecfg, blocks)}", flush=True)
-        auth = "API keys required" if acfg.api_keys else "no API key"
-        admin = "admin key set" if acfg.admin_key else "admin endpoints open only without keys"
-        print(f"radixcache: {auth}; {admin}", flush=True)
+        print(f"radixcache: {describe_auth(acfg)}", flush=True)
 
     print(f"radixcache: loading {model_path} ...", flush=True)
     app = create_app(ecfg, acfg, on_ready=ready)

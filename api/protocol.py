@@ -1,7 +1,7 @@
 """OpenAI-compatible request and response models (the subset radixcache serves).
 
 Requests are parsed from raw JSON in strict mode: a number sent as a string is a 400, as in OpenAI.
-Value ranges the model cannot check alone (context window, max_tokens ceiling) live in validation.py.
+Ranges the model cannot check alone (context window, max_tokens ceiling): validation.py.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class _SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     cache_salt: str | None = Field(None, max_length=256)
     user: str | None = None
+    return_token_ids: bool = False  # extension (as in vLLM): token ids in the choices
 
     @field_validator("max_tokens")
     @classmethod
@@ -164,6 +165,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids only
+    token_ids: list[int] | None = None  # return_token_ids only
 
 
 class CompletionResponse(BaseModel):
@@ -199,6 +202,8 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids only
+    token_ids: list[int] | None = None  # return_token_ids only
 
 
 class ChatCompletionResponse(BaseModel):
@@ -220,6 +225,7 @@ class ChatChunkChoice(BaseModel):
     delta: Delta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = None  # return_token_ids only
 
 
 class ChatCompletionChunk(BaseModel):
@@ -255,5 +261,14 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
+_EXTENSIONS = ("prompt_token_ids", "token_ids")
+
+
 def dump(model: BaseModel) -> dict[str, Any]:
-    return model.model_dump(exclude_none=False)
+    """JSON-ready dict: standard fields always present (null included), extensions only if set."""
+    data = model.model_dump()
+    for choice in data.get("choices", ()):
+        for key in _EXTENSIONS:
+            if choice.get(key) is None:
+                choice.pop(key, None)
+    return data

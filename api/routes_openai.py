@@ -20,6 +20,7 @@ from api.protocol import (
     CompletionResponse,
     ModelCard,
     ModelList,
+    dump,
     new_id,
     now,
 )
@@ -86,7 +87,7 @@ async def _run(
     finally:
         state.release(len(jobs))
     state.metrics.requests.labels(request.url.path, "ok").inc()
-    return JSONResponse(build(finals).model_dump())
+    return JSONResponse(dump(build(finals)))
 
 
 def _context(
@@ -103,6 +104,7 @@ def _context(
         n=req.n,
         include_usage=include_usage,
         logprobs=logprobs,
+        token_ids=req.return_token_ids,
     )
 
 
@@ -144,6 +146,8 @@ async def completions(request: Request) -> Response:
                         text=head + c.text,
                         logprobs=lp if ctx.logprobs else None,
                         finish_reason=finish_reason(c.finish_reason),
+                        prompt_token_ids=out.prompt_token_ids if req.return_token_ids else None,
+                        token_ids=c.token_ids if req.return_token_ids else None,
                     )
                 )
         return CompletionResponse(
@@ -181,6 +185,8 @@ async def chat_completions(request: Request) -> Response:
                 message=AssistantMessage(content=c.text),
                 logprobs=chat_logprobs(tok, c, 0, len(c.token_ids)) if req.logprobs else None,
                 finish_reason=finish_reason(c.finish_reason),
+                prompt_token_ids=out.prompt_token_ids if req.return_token_ids else None,
+                token_ids=c.token_ids if req.return_token_ids else None,
             )
             for c in out.outputs
         ]

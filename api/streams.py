@@ -1,4 +1,4 @@
-"""Server-sent event streams for completions and chat completions (`data: {...}` ... `data: [DONE]`)."""
+"""Server-sent event streams for completions and chat (`data: {...}` ... `data: [DONE]`)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from api.protocol import (
     CompletionChoice,
     CompletionResponse,
     Delta,
+    dump,
 )
 from api.responses import (
     DeltaTracker,
@@ -59,7 +60,13 @@ class StreamContext:
     n: int
     include_usage: bool
     logprobs: bool
+    token_ids: bool = False  # extension: send each chunk's new token ids
     echo: list[str] | None = None  # completions: per-job prompt text to send first
+
+    @property
+    def per_token(self) -> bool:
+        """Chunks carry per-token data, so token-only (textless) progress is sent too."""
+        return self.logprobs or self.token_ids
 
 
 def _error_event(exc: Exception) -> str:
@@ -82,7 +89,7 @@ async def chat_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator[str]:
         body = ChatCompletionChunk(
             id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
         )
-        return sse(body.model_dump())
+        return sse(dump(body))
 
     yield chunk(
         [ChatChunkChoice(index=i, delta=Delta(role="assistant", content="")) for i in range(ctx.n)]
@@ -94,7 +101,7 @@ async def chat_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator[str]:
             choices = []
             for c in out.outputs:
                 text, start, end, done = tracker.advance(c.index, c)
-                if not text and not done and (end == start or not ctx.logprobs):
+                if not text and not done and (end == start or not ctx.per_token):
                     continue
                 choices.append(
                     ChatChunkChoice(
@@ -102,6 +109,7 @@ async def chat_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator[str]:
                         delta=Delta(content=text),
                         logprobs=chat_logprobs(tokenizer, c, start, end) if ctx.logprobs else None,
                         finish_reason=finish_reason(c.finish_reason) if done else None,
+                        token_ids=c.token_ids[start:end] if ctx.token_ids else None,
                     )
                 )
             if choices:
@@ -119,7 +127,7 @@ async def completion_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator
         body = CompletionResponse(
             id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
         )
-        return sse(body.model_dump())
+        return sse(dump(body))
 
     if ctx.echo is not None:
         yield chunk(
@@ -138,7 +146,7 @@ async def completion_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator
                 key = job * ctx.n + c.index
                 text_start = tracker.text.get(key, 0)
                 text, start, end, done = tracker.advance(key, c)
-                if not text and not done and (end == start or not ctx.logprobs):
+                if not text and not done and (end == start or not ctx.per_token):
                     continue
                 lp = (
                     completion_logprobs(tokenizer, c, start, end, text_start)
@@ -151,6 +159,7 @@ async def completion_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator
                         text=text,
                         logprobs=lp,
                         finish_reason=finish_reason(c.finish_reason) if done else None,
+                        token_ids=c.token_ids[start:end] if ctx.token_ids else None,
                     )
                 )
             if choices:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import string
 from collections.abc import Iterator
@@ -217,3 +218,23 @@ def test_token_id_prompt(client, server, offline) -> None:
     expected = offline.generate([ids], greedy(6))[0].outputs[0].text
     out = client.completions.create(model=server.model, prompt=ids, max_tokens=6, temperature=0)
     assert out.choices[0].text == expected
+
+
+def test_return_token_ids_extension(http, server, offline) -> None:
+    prompt = fresh_text(20, 13)
+    expected = offline.generate([prompt], greedy(6))[0]
+    body = {"model": server.model, "prompt": prompt, "max_tokens": 6, "temperature": 0}
+    plain = http.post("/v1/completions", json=body).json()["choices"][0]
+    assert "token_ids" not in plain and plain["logprobs"] is None
+    choice = http.post("/v1/completions", json={**body, "return_token_ids": True}).json()
+    choice = choice["choices"][0]
+    assert choice["token_ids"] == expected.outputs[0].token_ids
+    assert choice["prompt_token_ids"] == expected.prompt_token_ids
+    streamed: list[int] = []
+    stream_body = {**body, "return_token_ids": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=stream_body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for c in json.loads(line[6:])["choices"]:
+                    streamed += c.get("token_ids") or []
+    assert streamed == expected.outputs[0].token_ids
