@@ -59,16 +59,27 @@ class BlockPool:
             self._free.append(block_id)
         return count
 
-    def adopt(self, block_id: int) -> int:
-        """The tree takes over one private reference; returns the private refs left."""
-        self._check_referenced(block_id)
-        if self.owned[block_id]:
-            raise BlockPoolError(f"block {block_id} is already owned by the tree")
-        self.owned[block_id] = True
-        self._num_private -= 1
-        count = self.refcount[block_id] - 1
-        self.refcount[block_id] = count
-        return count
+    def adopt_many(self, block_ids: list[int]) -> list[int]:
+        """The tree takes over one private reference of each block (all checked first).
+
+        Returns the blocks that still carry private references (shared with a sibling)."""
+        refcount, owned = self.refcount, self.owned
+        if block_ids and (min(block_ids) < 0 or max(block_ids) >= self.num_blocks):
+            raise BlockPoolError("block id out of range")
+        if len(set(block_ids)) != len(block_ids):
+            raise BlockPoolError("a block id appears twice")
+        for b in block_ids:
+            if refcount[b] <= 0 or owned[b]:
+                raise BlockPoolError(f"block {b} is not a private block of the caller")
+        shared = []
+        for b in block_ids:
+            owned[b] = True
+            count = refcount[b] - 1
+            refcount[b] = count
+            if count:
+                shared.append(b)
+        self._num_private -= len(block_ids)
+        return shared
 
     def release_owned(self, block_ids: Iterable[int]) -> None:
         """The tree drops blocks it owned without private refs: they become free."""

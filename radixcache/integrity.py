@@ -68,7 +68,7 @@ def _check_node(cache: PrefixCache, node: Node) -> None:
         _require(cache.tree.block_node.get(b) is node, f"block {b} is not mapped to {node}")
     parent_hash = parent.hashes[-1] if parent.parent is not None else None
     expected = cache.tree.hash_fn(node.ns, node.tokens, parent_hash)  # type: ignore[arg-type]
-    _require(expected == node.hashes, f"{node} hashes do not chain from its parent")
+    _require(tuple(expected) == node.hashes, f"{node} hashes do not chain from its parent")
 
 
 def _check_hash_index(cache: PrefixCache) -> None:

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from radixcache.block_pool import BlockPool
+from radixcache.block_pool import BlockPool, BlockPoolError
 from radixcache.hashing import Namespace, block_hashes
 from radixcache.integrity import check_integrity
 from radixcache.policy import EvictionPolicy, LRUPolicy
@@ -42,12 +42,10 @@ class StaleHandleError(ValueError):
     """A handle whose node was evicted (it was used without being locked)."""
 
 
-def _as_list(tokens: Sequence[int] | np.ndarray) -> list[int]:
-    if type(tokens) is list:
-        return tokens
+def _as_tuple(tokens: Sequence[int] | np.ndarray) -> tuple[int, ...]:
     if isinstance(tokens, np.ndarray):
-        return tokens.tolist()
-    return list(tokens)
+        return tuple(tokens.tolist())
+    return tuple(tokens)
 
 
 class PrefixCache:
@@ -107,7 +105,7 @@ class PrefixCache:
     # --- prefix index ---
     def match(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> MatchResult:
         self._check_ns(ns)
-        toks = _as_list(tokens)
+        toks = _as_tuple(tokens)
         walk = self.tree.walk(ns, toks, len(toks) // self.block_size)
         self.tree.touch(walk.path, walk.num_tokens)
         st = self._stats_of(ns)
@@ -122,7 +120,7 @@ class PrefixCache:
 
         The handle is the deepest fully matched node; do not lock it."""
         self._check_ns(ns)
-        toks = _as_list(tokens)
+        toks = _as_tuple(tokens)
         walk = self.tree.walk(ns, toks, len(toks) // self.block_size, split=False)
         last_hash = self._hash_of(walk.blocks[-1]) if walk.blocks else None
         return MatchResult(walk.blocks, walk.num_tokens, walk.node, last_hash)
@@ -143,7 +141,7 @@ class PrefixCache:
         self, ns: Namespace, tokens: Sequence[int] | np.ndarray, block_ids: Sequence[int]
     ) -> InsertResult:
         self._check_ns(ns)
-        bs, toks, n = self.block_size, _as_list(tokens), len(block_ids)
+        bs, toks, n = self.block_size, _as_tuple(tokens), len(block_ids)
         if len(toks) < n * bs:
             raise ValueError(f"{n} blocks need {n * bs} tokens, got {len(toks)}")
         tree = self.tree
@@ -151,14 +149,20 @@ class PrefixCache:
         tree.touch(walk.path)
         done = walk.num_tokens // bs
         ids = walk.blocks
-        duplicates = [b for b, t in zip(block_ids[:done], ids, strict=True) if b != t]
+        head = list(block_ids[:done])
+        duplicates = [] if head == ids else [b for b, t in zip(head, ids, strict=True) if b != t]
         node = walk.node
         if done < n:
-            new = list(block_ids[done:])
-            self._check_adoptable(new)
+            new = tuple(block_ids[done:])
+            try:
+                shared = self.pool.adopt_many(list(new))
+            except BlockPoolError as e:
+                raise ValueError(str(e)) from None
             node = tree.add_child(node, toks[done * bs : n * bs], new)
-            self._adopt(new, node)
-            ids = ids + new
+            for b in shared:  # a sibling still holds it privately: keep it from eviction
+                tree.add_refs(node, 1, 0)
+                self._private_locks[b] = node
+            ids += new
             self._stats_of(ns).inserted_blocks += len(new)
         return InsertResult(ids, node, duplicates)
 
@@ -187,14 +191,14 @@ class PrefixCache:
             return None
         node = self.tree.block_node[b]
         i = node.blocks.index(b) * self.block_size
-        same = node.tokens[i : i + self.block_size] == _as_list(tokens)
+        same = node.tokens[i : i + self.block_size] == _as_tuple(tokens)
         return b if same and node.ns == ns else None
 
     # --- pinning ---
     def pin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
         """Pin the cached prefix of `tokens` (capped by max_pinned_fraction); tokens pinned."""
         self._check_ns(ns)
-        toks = _as_list(tokens)
+        toks = _as_tuple(tokens)
         n = len(toks) // self.block_size
         walk = self.tree.walk(ns, toks, n)
         node = self._trim_to_pin_cap(walk.path) if walk.path else walk.node
@@ -206,7 +210,7 @@ class PrefixCache:
 
     def unpin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
         """Undo one earlier pin of the same tokens; tokens unpinned."""
-        toks = _as_list(tokens)
+        toks = _as_tuple(tokens)
         key = (ns, tuple(toks[: len(toks) // self.block_size * self.block_size]))
         held = self._pins.get(key)
         if not held:
@@ -283,27 +287,13 @@ class PrefixCache:
         if self.on_evict is not None:
             self.on_evict(
                 [
-                    EvictedBlock(b, v.node.ns, h, v.tokens[i * bs : (i + 1) * bs])  # type: ignore[arg-type]
+                    EvictedBlock(b, v.node.ns, h, list(v.tokens[i * bs : (i + 1) * bs]))  # type: ignore[arg-type]
                     for v in victims
                     for i, (b, h) in enumerate(zip(v.blocks, v.hashes, strict=True))
                 ]
             )
         for v in victims:
             self.pool.release_owned(v.blocks)
-
-    def _check_adoptable(self, block_ids: list[int]) -> None:
-        pool = self.pool
-        if len(set(block_ids)) != len(block_ids):
-            raise ValueError("a block id appears twice in one insert")
-        for b in block_ids:
-            if not 0 <= b < self.num_blocks or pool.refcount[b] <= 0 or pool.owned[b]:
-                raise ValueError(f"block {b} is not a private block of the caller")
-
-    def _adopt(self, block_ids: list[int], node: Node) -> None:
-        for b in block_ids:
-            if self.pool.adopt(b) > 0:  # a sibling still holds it: keep it from eviction
-                self.tree.add_refs(node, 1, 0)
-                self._private_locks[b] = node
 
     def _hash_of(self, block_id: int) -> int:
         node = self.tree.block_node[block_id]

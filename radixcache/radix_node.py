@@ -44,9 +44,9 @@ class Node:
         ns: Namespace | None,
         parent: Node | None,
         key: tuple[int, ...],
-        blocks: list[int],
-        tokens: list[int],
-        hashes: list[int],
+        blocks: tuple[int, ...],
+        tokens: tuple[int, ...],
+        hashes: tuple[int, ...],
         depth: int,
     ) -> None:
         self.id = node_id

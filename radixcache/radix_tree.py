@@ -24,9 +24,9 @@ class Walk(NamedTuple):
 
 class Victim(NamedTuple):
     node: Node
-    blocks: list[int]
-    hashes: list[int]
-    tokens: list[int]  # tokens of `blocks`, block_size per block
+    blocks: tuple[int, ...]
+    hashes: tuple[int, ...]
+    tokens: tuple[int, ...]  # tokens of `blocks`, block_size per block
 
 
 class RadixTree:
@@ -52,10 +52,12 @@ class RadixTree:
     def root(self, ns: Namespace) -> Node:
         root = self.roots.get(ns)
         if root is None:
-            root = self.roots[ns] = self._new_node(ns, None, (), [], [], [], 0)
+            root = self.roots[ns] = self._new_node(ns, None, (), (), (), (), 0)
         return root
 
-    def walk(self, ns: Namespace, tokens: list[int], num_blocks: int, split: bool = True) -> Walk:
+    def walk(
+        self, ns: Namespace, tokens: tuple[int, ...], num_blocks: int, split: bool = True
+    ) -> Walk:
         """Longest cached prefix of tokens[: num_blocks * bs]; splits the last node at its end.
 
         With split=False the tree is left as is: `node` is then the deepest fully matched node.
@@ -65,7 +67,7 @@ class RadixTree:
         node = self.root(ns)
         pos, blocks, path = 0, [], []
         while pos < end:
-            child = node.children.get(tuple(tokens[pos : pos + bs]))
+            child = node.children.get(tokens[pos : pos + bs])
             if child is None:
                 break
             size = len(child.tokens)
@@ -74,7 +76,8 @@ class RadixTree:
             else:
                 matched = self._common_tokens(child.tokens, tokens, pos, end)
                 if matched < size and not split:
-                    return Walk(node, blocks + child.blocks[: matched // bs], pos + matched, path)
+                    blocks += child.blocks[: matched // bs]
+                    return Walk(node, blocks, pos + matched, path)
                 if matched < size:
                     child = self.split(child, matched // bs)
             blocks += child.blocks
@@ -85,13 +88,25 @@ class RadixTree:
                 break
         return Walk(node, blocks, pos, path)
 
-    def _common_tokens(self, stored: list[int], tokens: list[int], pos: int, end: int) -> int:
+    def _common_tokens(
+        self, stored: tuple[int, ...], tokens: tuple[int, ...], pos: int, end: int
+    ) -> int:
+        """Tokens (whole blocks) shared by `stored` and tokens[pos:end]; the first block is known
+        to match. Gallops then bisects, so a long run costs O(log n) slice compares."""
         bs = self.block_size
-        limit = min(len(stored), end - pos)
-        i = bs  # the first block matched through the child key
-        while i + bs <= limit and stored[i : i + bs] == tokens[pos + i : pos + i + bs]:
-            i += bs
-        return i
+        limit = min(len(stored), end - pos) // bs
+
+        def same(n: int) -> bool:
+            return stored[: n * bs] == tokens[pos : pos + n * bs]
+
+        lo, step = 1, 1  # same(lo) holds
+        while lo + step <= limit and same(lo + step):
+            lo, step = lo + step, step * 2
+        hi = min(lo + step, limit + 1)  # same(hi) fails or hi is out of range
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if same(mid) else (lo, mid)
+        return lo * bs
 
     def touch(self, path: list[Node], matched_tokens: int = 0) -> None:
         """Record an access of every node on `path` (policy priorities, hit counters)."""
@@ -111,19 +126,21 @@ class RadixTree:
                 self._list(node)
 
     # --- insert ---
-    def add_child(self, parent: Node, tokens: list[int], blocks: list[int]) -> Node:
+    def add_child(self, parent: Node, tokens: tuple[int, ...], blocks: tuple[int, ...]) -> Node:
         """Hang a new node of `blocks` (holding `tokens`) under `parent`."""
         bs = self.block_size
         parent_hash = parent.hashes[-1] if parent.hashes else None
-        hashes = self.hash_fn(parent.ns, tokens, parent_hash)  # type: ignore[arg-type]
-        key = tuple(tokens[:bs])
+        hashes = tuple(self.hash_fn(parent.ns, tokens, parent_hash))  # type: ignore[arg-type]
+        key = tokens[:bs]
         node = self._new_node(parent.ns, parent, key, blocks, tokens, hashes, parent.end_depth)
         parent.children[key] = node
-        index, block_node = self.hash_index, self.block_node
-        for b, h in zip(blocks, hashes, strict=True):
-            block_node[b] = node
-            if index.setdefault(h, b) != b:
-                self.collisions += 1
+        self.block_node.update(dict.fromkeys(blocks, node))
+        index = self.hash_index
+        if index.keys().isdisjoint(hashes):
+            index.update(zip(hashes, blocks, strict=True))
+        else:
+            for b, h in zip(blocks, hashes, strict=True):
+                self.collisions += index.setdefault(h, b) != b
         self.policy.on_access(node, self.tick)
         self._refresh(node)
         if parent.set_key is not None:
@@ -154,7 +171,7 @@ class RadixTree:
             node.tokens[k * bs :],
             node.hashes[k:],
         )
-        node.key, node.parent, node.depth = tuple(node.tokens[:bs]), upper, upper.end_depth
+        node.key, node.parent, node.depth = node.tokens[:bs], upper, upper.end_depth
         upper.children[node.key] = node
         block_node = self.block_node
         for b in upper.blocks:
@@ -199,7 +216,8 @@ class RadixTree:
         bs = self.block_size
         keep = len(node.blocks) - n
         victim = Victim(node, node.blocks[keep:], node.hashes[keep:], node.tokens[keep * bs :])
-        del node.blocks[keep:], node.hashes[keep:], node.tokens[keep * bs :]
+        node.blocks, node.hashes = node.blocks[:keep], node.hashes[:keep]
+        node.tokens = node.tokens[: keep * bs]
         index, block_node = self.hash_index, self.block_node
         for b, h in zip(victim.blocks, victim.hashes, strict=True):
             del block_node[b]

@@ -70,7 +70,7 @@ def prefix_info(node: Node, preview: int) -> PrefixInfo:
     for part in node.path():
         if len(tokens) >= preview:
             break
-        tokens += part.tokens[: preview - len(tokens)]
+        tokens += part.tokens[: preview - len(tokens)]  # tuple slice onto the list
     assert node.ns is not None
     return PrefixInfo(
         namespace=node.ns,

@@ -28,7 +28,9 @@ def test_adopted_block_is_not_freed_by_private_refs():
     pool = BlockPool(2)
     (b,) = pool.take(1)
     pool.incref([b])
-    assert pool.adopt(b) == 1  # a second holder remains
+    assert pool.adopt_many([b]) == [b]  # a second holder remains
+    with pytest.raises(BlockPoolError):
+        pool.adopt_many([b])  # already owned
     assert pool.decref(b) == 0
     assert pool.num_free() == 1  # owned by the tree, not free
     pool.release_owned([b])

@@ -236,3 +236,15 @@ def test_peek_changes_nothing():
     assert p.last_hash == block_hashes(NS, seq(0, 2))[-1]
     assert len(cache.tree.iter_nodes()) == nodes and cache.stats().namespaces[NS].lookups == 0
     assert cache.is_cached(res.block_ids[0]) and not cache.is_cached(cache.pool.free_ids()[0])
+
+
+@pytest.mark.parametrize("diverge", [1, 2, 3, 5, 8, 13, 31, 32, 63])
+def test_divergence_anywhere_in_a_long_node(diverge: int):
+    cache = PrefixCache(160, BS)
+    base = cached(cache, seq(0, 64))
+    query = seq(0, 64)
+    query[diverge * BS + 1] = -1  # block `diverge` differs
+    m = cache.match(NS, query)
+    assert m.block_ids == base.block_ids[:diverge] and m.num_tokens == diverge * BS
+    assert cache.peek(NS, query).block_ids == base.block_ids[:diverge]
+    cache.check_integrity()
