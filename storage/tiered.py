@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 
 __all__ = ["LoadResult", "StoreStats", "TierConfig", "TieredStore"]
 
-_Job = tuple[Tier | None, "Namespace", list]  # (target tier or None = new blocks, ns, items)
+# (kind, target tier, ns, items): "new" = evicted tensors for the top tier (and Redis when
+# write-through), "publish" = computed tensors for Redis, "put" = encoded values for `target`
+_Job = tuple[str, Tier | None, "Namespace", list]
 
 
 class LoadResult(NamedTuple):
@@ -56,6 +58,7 @@ class TieredStore:
         for i, tier in enumerate(self.tiers):
             target = self._spill_target(i)
             tier.on_evict = None if target is None else self._spiller(target)
+        self._redis = next((t for t in self.tiers if t.name == "redis"), None)
         self._pending = 0  # blocks queued for the writer
         self._pending_lock = threading.Lock()
         self._queue: queue.Queue[_Job | None] = queue.Queue()
@@ -67,14 +70,18 @@ class TieredStore:
     def store(self, ns: Namespace, items: list[tuple[int, torch.Tensor]]) -> None:
         """Queue evicted blocks for the tiers. Copies each KV tensor (any device, may be a view
         of the pool) before returning, so the caller may reuse the device block at once."""
-        if not items or not self.tiers:
-            return
-        if not self._reserve(len(items)):
-            self.store_stats.dropped_blocks += len(items)
-            return
-        snapshots = [(h, torch.empty(kv.shape, dtype=kv.dtype).copy_(kv)) for h, kv in items]
-        self.store_stats.stored_blocks += len(items)
-        self._queue.put((None, ns, snapshots))
+        self._enqueue("new", None, ns, items)
+
+    @property
+    def write_through(self) -> bool:
+        """True when computed blocks should be published to Redis at once (see publish)."""
+        return self.config.write_policy == "write-through" and self._redis is not None
+
+    def publish(self, ns: Namespace, items: list[tuple[int, torch.Tensor]]) -> None:
+        """Write-through: queue freshly computed blocks (still on device) for Redis only, so other
+        replicas can load them. Copies like store(); a no-op unless write_through."""
+        if self.write_through:
+            self._enqueue("publish", self._redis, ns, items)
 
     def load_prefix(
         self,
@@ -144,10 +151,12 @@ class TieredStore:
     # --- writer thread ---
     def _write_loop(self) -> None:
         while (job := self._queue.get()) is not None:
-            target, ns, items = job
+            kind, target, ns, items = job
             try:
-                if target is None:
+                if kind == "new":
                     self._write_new(ns, items)
+                elif kind == "publish":
+                    self._write_missing(target, ns, items)
                 else:
                     target.put(ns, items)
             except Exception:  # a tier bug must not kill the writer; the tier counts its errors
@@ -159,21 +168,26 @@ class TieredStore:
         self._queue.task_done()
 
     def _write_new(self, ns: Namespace, items: list[tuple[int, torch.Tensor]]) -> None:
-        top = self.tiers[0]
-        fresh = [
-            (h, kv)
-            for (h, kv), has in zip(items, top.contains(ns, [h for h, _ in items]), strict=True)
-            if not has
-        ]
-        encoded = [(h, encode_block(kv)) for h, kv in fresh]
-        top.put(ns, encoded)
-        redis = self.tiers[-1]
-        if (
-            self.config.write_policy == "write-through"
-            and redis.name == "redis"
-            and redis is not top
-        ):
-            redis.put(ns, encoded)
+        encoded = self._write_missing(self.tiers[0], ns, items)
+        if self.write_through and self._redis is not self.tiers[0]:
+            self._write_missing(self._redis, ns, items, encoded)
+
+    def _write_missing(
+        self,
+        tier: Tier,
+        ns: Namespace,
+        items: list[tuple[int, torch.Tensor]],
+        encoded: dict[int, bytes] | None = None,
+    ) -> dict[int, bytes]:
+        """Encodes (or reuses `encoded`) and writes the items `tier` lacks; returns the encodings."""
+        encoded = {} if encoded is None else encoded
+        present = tier.contains(ns, [h for h, _ in items])
+        missing = [(h, kv) for (h, kv), has in zip(items, present, strict=True) if not has]
+        for h, kv in missing:
+            if h not in encoded:
+                encoded[h] = encode_block(kv)
+        tier.put(ns, [(h, encoded[h]) for h, _ in missing])
+        return encoded
 
     def _spill_target(self, i: int) -> Tier | None:
         if i + 1 >= len(self.tiers):
@@ -192,11 +206,23 @@ class TieredStore:
 
         return spill
 
-    def _submit(self, target: Tier, ns: Namespace, items: list) -> None:
+    def _submit(self, target: Tier, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
         if self._reserve(len(items)):
-            self._queue.put((target, ns, items))
+            self._queue.put(("put", target, ns, items))
         else:
             self.store_stats.dropped_blocks += len(items)
+
+    def _enqueue(
+        self, kind: str, target: Tier | None, ns: Namespace, items: list[tuple[int, torch.Tensor]]
+    ) -> None:
+        if not items or not self.tiers:
+            return
+        if not self._reserve(len(items)):
+            self.store_stats.dropped_blocks += len(items)
+            return
+        snapshots = [(h, torch.empty(kv.shape, dtype=kv.dtype).copy_(kv)) for h, kv in items]
+        self.store_stats.stored_blocks += len(items)
+        self._queue.put((kind, target, ns, snapshots))
 
     def _reserve(self, n: int) -> bool:
         with self._pending_lock:

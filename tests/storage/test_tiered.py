@@ -208,3 +208,24 @@ def test_config_validation_and_enabled(policy: str) -> None:
     assert TierConfig(host_bytes=1, write_policy=policy).enabled  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         TierConfig(write_policy="sometimes")  # type: ignore[arg-type]
+
+
+def test_publish_writes_computed_blocks_to_redis_only_when_write_through(
+    tmp_path: Path, redis_server: RedisServer, ns: Namespace
+) -> None:
+    back = all_tiers(tmp_path / "a", redis_server.url)
+    assert not back.write_through
+    h = chain(ns, 3)
+    back.publish(ns, list(zip(h, blocks(3), strict=True)))
+    assert back.wait_idle(10) and back.store_stats.stored_blocks == 0
+    through = all_tiers(tmp_path / "b", redis_server.url, write_policy="write-through")
+    assert through.write_through
+    through.publish(ns, list(zip(h, blocks(3), strict=True)))
+    assert through.wait_idle(10)
+    host, _, redis = through.tiers
+    assert redis.contains(ns, h) == [True] * 3 and host.contains(ns, h) == [False] * 3
+    through.store(ns, list(zip(h, blocks(3), strict=True)))  # evicted later: not sent again
+    assert through.wait_idle(10)
+    assert redis.stats.blocks_written == 3 and host.contains(ns, h) == [True] * 3
+    back.close()
+    through.close()
