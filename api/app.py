@@ -91,6 +91,8 @@ def create_app(
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
         state = state_of(request)
+        if not getattr(state.engine, "is_running", True):
+            return JSONResponse({"status": "engine stopped", "model": state.model_name}, 503)
         return JSONResponse({"status": "ok", "model": state.model_name})
 
     @app.get("/metrics")
