@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -26,6 +27,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine.llm import LLM  # noqa: E402
+from engine.sampling import SamplingParams  # noqa: E402
 from radixcache.hashing import Namespace, block_hashes  # noqa: E402
 from storage import DiskTier, RedisTier, TierConfig, TieredStore, encode_block  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
@@ -148,6 +151,170 @@ def bench_bandwidth(server: RedisServer, num_blocks: int, repeats: int) -> list[
     return rows
 
 
+# --- engine helpers ---
+def tier_store(llm: LLM) -> TieredStore | None:
+    """The TieredStore the engine built from its TierConfig."""
+    return getattr(llm.engine, "tiers", None)
+
+
+def make_llm(tiers: TierConfig | None, **kw: object) -> LLM:
+    return LLM(None, tiers=tiers, seed=0, **kw)
+
+
+def random_prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(100, vocab - 100) for _ in range(n)]
+
+
+def ttft(llm: LLM, prompt: list[int]) -> tuple[float, dict[str, int]]:
+    out = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))[0]
+    m = out.metrics
+    return m["first_token_time"] - m["arrival_time"], out.cached_tokens_by_tier
+
+
+def settle(llm: LLM) -> None:
+    """Device cache emptied into the tiers, every queued write done."""
+    llm.engine.flush()
+    store = tier_store(llm)
+    if store is not None:
+        store.wait_idle()
+
+
+# --- section 1: load-back vs recompute TTFT ---
+def tier_only(name: str, tmp: Path, url: str) -> TierConfig:
+    big = 8 << 30
+    if name == "host":
+        return TierConfig(host_bytes=big)
+    if name == "disk":
+        return TierConfig(disk_path=tmp / "loadback-disk", disk_bytes=big)
+    return TierConfig(redis_url=url, redis_prefix="bench-loadback", redis_timeout_s=5.0)
+
+
+def bench_loadback(server: RedisServer, tmp: Path, sizes: list[int], repeats: int) -> list[dict]:
+    rows = []
+    rng = random.Random(1)
+    for tier in ("host", "disk", "redis"):
+        llm = make_llm(tier_only(tier, tmp, server.url), num_blocks=1100)
+        vocab, max_len = llm.tokenizer.vocab_size, llm.engine.max_model_len
+        ttft(llm, random_prompt(rng, 64, vocab))  # warm-up
+        for size in sizes:
+            n = min(size, max_len - 1)  # one output token must fit in the context
+            recompute, load, loaded = [], [], {}
+            for _ in range(repeats):
+                settle(llm)
+                recompute.append(ttft(llm, random_prompt(rng, n, vocab))[0])
+                prompt = random_prompt(rng, n, vocab)
+                ttft(llm, prompt)  # computes the prefix; the flush below moves it to the tier
+                settle(llm)
+                t, loaded = ttft(llm, prompt)
+                load.append(t)
+            rec, ld = statistics.median(recompute), statistics.median(load)
+            rows.append(
+                {
+                    "tier": tier,
+                    "prompt_tokens": n,
+                    "loaded_tokens": loaded.get(tier, 0),
+                    "recompute_ttft_s": rec,
+                    "load_ttft_s": ld,
+                    "speedup": rec / ld,
+                }
+            )
+        tier_store(llm).close()
+    table(
+        f"Load-back vs recompute: TTFT (s) of a prompt whose prefix lives only in one tier, "
+        f"median of {repeats} (default model, bfloat16)",
+        ["tier", "prompt tokens", "loaded tokens", "recompute TTFT", "load TTFT", "recompute/load"],
+        [
+            [
+                r["tier"],
+                r["prompt_tokens"],
+                r["loaded_tokens"],
+                r["recompute_ttft_s"],
+                r["load_ttft_s"],
+                r["speedup"],
+            ]
+            for r in rows
+        ],
+    )
+    return rows
+
+
+# --- section 3: multi-round chat per tier configuration ---
+def chat_configs(tmp: Path, url: str, host_bytes: int) -> dict[str, TierConfig | None]:
+    return {
+        "device only": None,
+        "+ host": TierConfig(host_bytes=host_bytes),
+        "+ disk": TierConfig(disk_path=tmp / "chat-disk", disk_bytes=8 << 30),
+        "+ redis": TierConfig(redis_url=url, redis_prefix="bench-chat", redis_timeout_s=5.0),
+        "+ host + disk + redis": TierConfig(
+            host_bytes=host_bytes // 4,
+            disk_path=tmp / "chat-all",
+            disk_bytes=host_bytes // 4,
+            redis_url=url,
+            redis_prefix="bench-chat-all",
+            redis_timeout_s=5.0,
+        ),
+    }
+
+
+def run_chat(llm: LLM, users: int, turns: int, seed: int) -> dict[str, float]:
+    """MT-small shape: a shared 512-token system prompt, 64-token user turns, 32-token answers;
+    all users' turn-t requests are submitted together."""
+    rng = random.Random(seed)
+    vocab = llm.tokenizer.vocab_size
+    system = random_prompt(rng, 512, vocab)
+    history = [list(system) for _ in range(users)]
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    ttfts, prompt_tokens, cached, by_tier = [], 0, 0, {}
+    start = time.perf_counter()
+    for _ in range(turns):
+        prompts = [h + random_prompt(rng, 64, vocab) for h in history]
+        for h, p, out in zip(history, prompts, llm.generate(prompts, params), strict=True):
+            h[:] = p + out.outputs[0].token_ids
+            ttfts.append(out.metrics["first_token_time"] - out.metrics["arrival_time"])
+            prompt_tokens += len(p)
+            cached += out.num_cached_tokens
+            for tier, n in out.cached_tokens_by_tier.items():
+                by_tier[tier] = by_tier.get(tier, 0) + n
+    return {
+        "wall_s": time.perf_counter() - start,
+        "prompt_tokens": prompt_tokens,
+        "hit_rate": cached / prompt_tokens,
+        "mean_ttft_s": statistics.mean(ttfts),
+        **{f"hit_rate_{t}": n / prompt_tokens for t, n in sorted(by_tier.items())},
+    }
+
+
+def bench_chat(server: RedisServer, tmp: Path, users: int, turns: int) -> list[dict]:
+    block_bytes = 30 * 2 * 16 * 3 * 64 * 2
+    working_blocks = (512 + users * turns * 96) // 16
+    device_blocks = working_blocks // 4
+    rows = []
+    for name, cfg in chat_configs(tmp, server.url, working_blocks * (block_bytes + 100)).items():
+        llm = make_llm(cfg, num_blocks=device_blocks, max_num_seqs=4)
+        rows.append(
+            {"config": name, "device_blocks": device_blocks, **run_chat(llm, users, turns, 7)}
+        )
+        if tier_store(llm) is not None:
+            tier_store(llm).close()
+    cols = ["hit_rate_device", "hit_rate_host", "hit_rate_disk", "hit_rate_redis"]
+    table(
+        f"Multi-round chat: {users} users x {turns} turns (512-token system prompt, 64-token "
+        f"turns, 32-token answers), device pool {device_blocks} of ~{working_blocks} blocks",
+        ["config", "hit rate", "device", "host", "disk", "redis", "mean TTFT (s)", "wall (s)"],
+        [
+            [
+                r["config"],
+                r["hit_rate"],
+                *[r.get(c, 0.0) for c in cols],
+                r["mean_ttft_s"],
+                r["wall_s"],
+            ]
+            for r in rows
+        ],
+    )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default="loadback,bandwidth,chat")
@@ -160,6 +327,11 @@ def main() -> None:
         server = RedisServer(Path(tmp))
         server.start()
         try:
+            if "loadback" in sections:
+                sizes = [512, 2048] if args.quick else [512, 2048, 8192]
+                results["loadback"] = bench_loadback(
+                    server, Path(tmp), sizes, 1 if args.quick else 3
+                )
             if "bandwidth" in sections:
                 results["bandwidth"] = bench_bandwidth(
                     server, 128 if args.quick else 512, 3 if args.quick else 7
