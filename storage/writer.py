@@ -1,0 +1,116 @@
+"""TierWriter: the one background thread that writes to the tiers, behind a bounded queue.
+
+Jobs are (kind, target tier, namespace, items):
+  "new"      evicted KV tensors -> the top tier (and Redis too when write-through)
+  "publish"  freshly computed KV tensors -> Redis (write-through)
+  "put"      encoded values -> `target` (spills of a tier's evictions, promotions)
+Queued blocks are capped at `capacity`; over it a job is dropped and counted, never waited for.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from storage.base import Tier
+from storage.codec import encode_block
+
+if TYPE_CHECKING:
+    from radixcache.hashing import Namespace
+    from storage.tiered import StoreStats
+
+_Job = tuple[str, Tier | None, "Namespace", list]
+
+
+class TierWriter:
+    def __init__(self, tiers: list[Tier], write_through: bool, capacity: int, stats: StoreStats):
+        self.tiers = tiers
+        self.redis = next((t for t in tiers if t.name == "redis"), None) if write_through else None
+        self.capacity = capacity
+        self.stats = stats
+        self.pending = 0  # blocks queued, not yet written
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="tier-writer", daemon=True)
+        self._thread.start()
+
+    def enqueue_tensors(
+        self, kind: str, target: Tier | None, ns: Namespace, items: list[tuple[int, torch.Tensor]]
+    ) -> None:
+        """Copies the tensors now (they may be views of the device pool), writes them later."""
+        if not items or not self._reserve(len(items)):
+            return
+        snapshots = [(h, torch.empty(kv.shape, dtype=kv.dtype).copy_(kv)) for h, kv in items]
+        self.stats.stored_blocks += len(items)
+        self._queue.put((kind, target, ns, snapshots))
+
+    def put(self, target: Tier, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
+        """Encoded values for `target`; written inline when called on the writer thread itself."""
+        if threading.current_thread() is self._thread:
+            target.put(ns, items)
+        elif items and self._reserve(len(items)):
+            self._queue.put(("put", target, ns, items))
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._queue.all_tasks_done.wait(left)
+        return True
+
+    def close(self, timeout: float) -> None:
+        self.wait_idle(timeout)
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _reserve(self, n: int) -> bool:
+        with self._lock:
+            if self.pending + n > self.capacity:
+                self.stats.dropped_blocks += n
+                return False
+            self.pending += n
+            return True
+
+    def _loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            kind, target, ns, items = job
+            try:
+                if kind == "new":
+                    encoded = self._write_missing(self.tiers[0], ns, items)
+                    if self.redis is not None and self.redis is not self.tiers[0]:
+                        self._write_missing(self.redis, ns, items, encoded)
+                elif kind == "publish":
+                    self._write_missing(target, ns, items)
+                else:
+                    target.put(ns, items)
+            except Exception:  # a tier bug must not kill the writer; count it on the tier
+                (target or self.tiers[0]).stats.errors += 1
+            finally:
+                with self._lock:
+                    self.pending -= len(items)
+                self._queue.task_done()
+        self._queue.task_done()
+
+    @staticmethod
+    def _write_missing(
+        tier: Tier,
+        ns: Namespace,
+        items: list[tuple[int, torch.Tensor]],
+        encoded: dict[int, bytes] | None = None,
+    ) -> dict[int, bytes]:
+        """Encodes (or reuses `encoded`) and writes the items `tier` lacks; returns the encodings."""
+        encoded = {} if encoded is None else encoded
+        present = tier.contains(ns, [h for h, _ in items])
+        missing = [(h, kv) for (h, kv), has in zip(items, present, strict=True) if not has]
+        for h, kv in missing:
+            if h not in encoded:
+                encoded[h] = encode_block(kv)
+        tier.put(ns, [(h, encoded[h]) for h, _ in missing])
+        return encoded
