@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from api.auth import identify
 from api.errors import ApiError, parse_body
@@ -63,19 +65,24 @@ def _chat_prompt_ids(engine: Any, req: ChatCompletionRequest) -> list[int]:
     return ids
 
 
+Events = Callable[[StreamContext, Any], AsyncIterator[str]]
+
+
 async def _run(
     request: Request,
     state: ServerState,
     jobs: list[Job],
     stream_ctx: StreamContext,
-    events: Any,
-    build: Any,
+    events: Events | None,
+    build: Callable[[list[Any]], BaseModel],
 ) -> Response:
+    """Streams `events`, or waits for every job and answers `build(final outputs)`."""
     state.acquire(len(jobs))
     if events is not None:
 
         def on_close() -> None:
             state.release(len(jobs))
+            state.metrics.requests.labels(request.url.path, "stream").inc()
 
         return EventStream(events(stream_ctx, state.engine.tokenizer), on_close)
     try:
