@@ -238,3 +238,24 @@ def test_return_token_ids_extension(http, server, offline) -> None:
                 for c in json.loads(line[6:])["choices"]:
                     streamed += c.get("token_ids") or []
     assert streamed == expected.outputs[0].token_ids
+
+
+def test_streaming_chat_with_n_choices(client, server) -> None:
+    kw = dict(
+        model=server.model,
+        messages=[{"role": "user", "content": fresh_text(20, 14)}],
+        max_tokens=6,
+        temperature=0.9,
+        seed=5,
+        n=2,
+    )
+    whole = client.chat.completions.create(**kw)
+    texts = {0: "", 1: ""}
+    reasons = {}
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                reasons[c.index] = c.finish_reason
+    assert texts == {c.index: c.message.content for c in whole.choices}
+    assert reasons == {0: "length", 1: "length"}
