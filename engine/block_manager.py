@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 from engine.request import Sequence
 
 if TYPE_CHECKING:
-    from radixcache.prefix_cache import PrefixCache
-
     from engine.kv_cache import KVCache
+    from radixcache.prefix_cache import PrefixCache
 
 # (seq, first block index to fill) -> number of leading tokens the lower tiers supplied
 LoadBack = Callable[[Sequence], int]
@@ -48,6 +47,10 @@ class BlockManager:
             self.release(seq)
             return False
         return True
+
+    def peek(self, seq: Sequence) -> int:
+        """Tokens of seq's prefix cached now (no stats, no lock); -1 when caching is off."""
+        return self.cache.peek(seq.request.namespace, seq.token_ids[:-1]).num_tokens
 
     def _match(self, seq: Sequence) -> None:
         ns = seq.request.namespace
@@ -133,6 +136,9 @@ class BlockManager:
 
 class NoCacheBlockManager(BlockManager):
     """Prefix caching off: the PrefixCache is only the block allocator."""
+
+    def peek(self, seq: Sequence) -> int:
+        return -1
 
     def _match(self, seq: Sequence) -> None:
         seq.handle = None

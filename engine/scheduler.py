@@ -107,12 +107,14 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        deferred: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if self._prefix_in_flight(seq):
+                deferred.append(self.waiting.pop(0))  # wait: its next block is being computed
+                continue
             worst = blocks_for(min(seq.num_tokens, budget), self.blocks.block_size)
-            if not self.blocks.cache.can_allocate(worst):
-                break
-            if not self.blocks.admit(seq, budget):
+            if not self.blocks.cache.can_allocate(worst) or not self.blocks.admit(seq, budget):
                 break
             self.waiting.pop(0)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
@@ -122,6 +124,24 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             budget -= n
+        for seq in deferred:
+            self.add(seq)
+
+    def _prefix_in_flight(self, seq: Sequence) -> bool:
+        """True when a running sequence is computing the block this one would compute first:
+        admitting it later turns that block into a cache hit instead of a second computation."""
+        cached = self.blocks.peek(seq)
+        end = cached + self.blocks.block_size
+        if cached < 0 or end >= seq.num_tokens:
+            return False
+        head = seq.token_ids[:end]
+        ns = seq.request.namespace
+        return any(
+            r.num_computed_tokens < end <= r.num_tokens
+            and r.request.namespace == ns
+            and r.token_ids[:end] == head
+            for r in self.running
+        )
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
