@@ -7,27 +7,59 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+MIN_SHARED_BLOCKS = 1  # a shared prefix shorter than this is attended per sequence
+
+
+@dataclass
+class AdditiveMask:
+    """A float mask (0 = attend, -inf = masked), cast once per dtype and reused by every layer."""
+
+    float32: torch.Tensor
+    _by_dtype: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+
+    @staticmethod
+    def from_bool(allowed: torch.Tensor) -> AdditiveMask:
+        return AdditiveMask(torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf")))
+
+    def to(self, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in self._by_dtype:
+            self._by_dtype[dtype] = self.float32.to(dtype)
+        return self._by_dtype[dtype]
+
+
+@dataclass
+class SharedPrefix:
+    """Sequences whose block tables start with the same full blocks, all cached before this step:
+    every new token of theirs attends all of those keys, so they are attended once for the group."""
+
+    rows: torch.Tensor  # int64 [R]: rows of q of every member's new tokens
+    block_ids: torch.Tensor  # int64 [num_blocks]
+    num_tokens: int  # num_blocks * block_size
+
 
 @dataclass
 class PrefillSegment:
-    """One sequence with more than one new token: rows [start, end) of q attend to ctx_len keys."""
+    """One sequence with more than one new token: q rows [start, end) attend keys
+    [key_start, ctx_len) here (keys [0, key_start) through its SharedPrefix, if any)."""
 
     start: int
     end: int
+    key_start: int
     ctx_len: int
-    block_ids: torch.Tensor | None  # int64 [ceil(ctx_len / bs)]; None when nothing is cached
-    mask: torch.Tensor | None  # bool [L, ctx_len] causal with offset; None when nothing is cached
+    block_ids: torch.Tensor | None  # blocks holding keys [key_start, ...); None: keys = new tokens
+    mask: AdditiveMask | None  # [L, ctx_len - key_start] causal with offset; None: plain causal
 
 
 @dataclass
 class DecodePlan:
-    """All sequences with exactly one new token, batched: gathered to [B, num_blocks * bs]."""
+    """Every sequence with exactly one new token, batched: its keys [key_start, seq_len) gathered
+    to [B, num_blocks * bs] and masked by length."""
 
     rows: torch.Tensor  # int64 [B]: rows of q
     row_slice: slice | None  # the same rows as a slice when they are contiguous
     block_ids: torch.Tensor  # int64 [B * num_blocks]
     num_blocks: int
-    mask: torch.Tensor  # bool [B, 1, 1, num_blocks * bs]: key position < seq_len
+    mask: AdditiveMask  # [B, 1, 1, num_blocks * bs]
 
 
 @dataclass
@@ -41,17 +73,10 @@ class AttentionMetadata:
     block_size: int
     query_lens: list[int]
     seq_lens_list: list[int]
-    # CPU (torch backend) plan, derived from the above
+    # the torch backend's plan (built when cpu_plan=True)
+    shared: list[SharedPrefix] = field(default_factory=list)
     prefills: list[PrefillSegment] = field(default_factory=list)
     decode: DecodePlan | None = None
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.cu_seqlens_q_list[-1])
-
-    @property
-    def cu_seqlens_q_list(self) -> list[int]:
-        return [0, *np.cumsum(self.query_lens).tolist()]
 
 
 def compute_positions(query_lens: list[int], seq_lens: list[int]) -> np.ndarray:
@@ -70,49 +95,91 @@ def _slot_mapping(
     return table[seq_index, positions // bs] * bs + positions % bs
 
 
-def _prefill_segments(
-    query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], bs: int, device
-) -> list[PrefillSegment]:
-    segments = []
-    start = 0
-    for qlen, slen, blocks in zip(query_lens, seq_lens, block_tables, strict=True):
-        end = start + qlen
-        if qlen > 1:
-            block_ids = mask = None
-            if slen > qlen:
-                nb = -(-slen // bs)
-                block_ids = torch.tensor(blocks[:nb], dtype=torch.int64, device=device)
-                key_pos = torch.arange(slen, device=device)
-                query_pos = torch.arange(slen - qlen, slen, device=device)
-                mask = key_pos[None, :] <= query_pos[:, None]
-            segments.append(PrefillSegment(start, end, slen, block_ids, mask))
-        start = end
-    return segments
+def _shared_prefixes(
+    query_lens: list[int], seq_lens: list[int], tables: list[list[int]], bs: int
+) -> tuple[list[int], list[tuple[list[int], list[int]]]]:
+    """(shared tokens per sequence, [(member sequences, shared block ids)]).
+
+    Sequences are grouped by their first block; a group shares the longest common run of leading
+    blocks that lies wholly before every member's first new token."""
+    by_first: dict[int, list[int]] = {}
+    for b, (qlen, slen) in enumerate(zip(query_lens, seq_lens, strict=True)):
+        if (slen - qlen) // bs >= MIN_SHARED_BLOCKS:
+            by_first.setdefault(tables[b][0], []).append(b)
+    shared_len = [0] * len(query_lens)
+    groups = []
+    for members in by_first.values():
+        if len(members) < 2:
+            continue
+        limit = min((seq_lens[b] - query_lens[b]) // bs for b in members)
+        first = tables[members[0]]
+        n = 0
+        while n < limit and all(tables[b][n] == first[n] for b in members):
+            n += 1
+        if n >= MIN_SHARED_BLOCKS:
+            groups.append((members, first[:n]))
+            for b in members:
+                shared_len[b] = n * bs
+    return shared_len, groups
 
 
-def _decode_plan(
-    query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], bs: int, device
-) -> DecodePlan | None:
-    rows = [r for r, (qlen, _) in enumerate(zip(query_lens, seq_lens, strict=True)) if qlen == 1]
-    if not rows:
-        return None
-    cu = np.cumsum([0, *query_lens])
-    token_rows = cu[rows]
-    lens = np.asarray(seq_lens)[rows]
+def _prefill_segment(start, qlen, slen, key_start, blocks, bs, device) -> PrefillSegment:
+    end = start + qlen
+    if slen - key_start == qlen:  # every key is a new token: plain causal attention
+        return PrefillSegment(start, end, key_start, slen, None, None)
+    first, last = key_start // bs, -(-slen // bs)
+    block_ids = torch.tensor(blocks[first:last], dtype=torch.int64, device=device)
+    key_pos = torch.arange(key_start, slen)
+    query_pos = torch.arange(slen - qlen, slen)
+    mask = AdditiveMask.from_bool(key_pos[None, :] <= query_pos[:, None])
+    mask.float32 = mask.float32.to(device)
+    return PrefillSegment(start, end, key_start, slen, block_ids, mask)
+
+
+def _decode_plan(decodes, cu, seq_lens, key_starts, tables, bs, device) -> DecodePlan:
+    token_rows = cu[decodes]
+    lens = np.asarray([seq_lens[b] - key_starts[b] for b in decodes])
     nb = int(-(-lens.max() // bs))
-    table = np.zeros((len(rows), nb), dtype=np.int64)
-    for i, b in enumerate(rows):
-        blocks = block_tables[b][:nb]
+    table = np.zeros((len(decodes), nb), dtype=np.int64)
+    for i, b in enumerate(decodes):
+        blocks = tables[b][key_starts[b] // bs : key_starts[b] // bs + nb]
         table[i, : len(blocks)] = blocks
-    contiguous = token_rows[-1] - token_rows[0] == len(rows) - 1
-    mask = torch.arange(nb * bs)[None, :] < torch.from_numpy(lens)[:, None]
+    contiguous = token_rows[-1] - token_rows[0] == len(decodes) - 1
+    allowed = torch.arange(nb * bs)[None, :] < torch.from_numpy(lens)[:, None]
+    mask = AdditiveMask.from_bool(allowed.view(len(decodes), 1, 1, nb * bs))
+    mask.float32 = mask.float32.to(device)
     return DecodePlan(
         rows=torch.from_numpy(token_rows).to(device),
         row_slice=slice(int(token_rows[0]), int(token_rows[-1]) + 1) if contiguous else None,
         block_ids=torch.from_numpy(table.reshape(-1)).to(device),
         num_blocks=nb,
-        mask=mask.view(len(rows), 1, 1, nb * bs).to(device),
+        mask=mask,
     )
+
+
+def _build_cpu_plan(meta: AttentionMetadata, tables: list[list[int]], device) -> None:
+    query_lens, seq_lens, bs = meta.query_lens, meta.seq_lens_list, meta.block_size
+    key_starts, groups = _shared_prefixes(query_lens, seq_lens, tables, bs)
+    cu = np.zeros(len(query_lens) + 1, dtype=np.int64)
+    np.cumsum(query_lens, out=cu[1:])
+    for members, blocks in groups:
+        rows = np.concatenate([np.arange(cu[b], cu[b + 1]) for b in members])
+        meta.shared.append(
+            SharedPrefix(
+                rows=torch.from_numpy(rows).to(device),
+                block_ids=torch.tensor(blocks, dtype=torch.int64, device=device),
+                num_tokens=len(blocks) * bs,
+            )
+        )
+    decodes = []
+    for b, (qlen, slen) in enumerate(zip(query_lens, seq_lens, strict=True)):
+        if qlen == 1:
+            decodes.append(b)
+        elif qlen > 1:
+            seg = _prefill_segment(int(cu[b]), qlen, slen, key_starts[b], tables[b], bs, device)
+            meta.prefills.append(seg)
+    if decodes:
+        meta.decode = _decode_plan(decodes, cu, seq_lens, key_starts, tables, bs, device)
 
 
 def build_attention_metadata(
@@ -130,7 +197,8 @@ def build_attention_metadata(
     in the order of the lists); seq_lens[b]: its context length after this step (cached + new);
     block_tables[b]: its block ids covering at least seq_lens[b] tokens.
     The new tokens of b sit at positions [seq_lens[b] - query_lens[b], seq_lens[b]).
-    cpu_plan: also build the torch backend's per-sequence plan (cheap; not needed by triton).
+    cpu_plan: also build the torch backend's plan (shared prefixes, per-sequence prefill
+    segments, batched decode); the triton backend needs only the tensors.
     """
     device = torch.device(device)
     width = max(1, max((len(t) for t in block_tables), default=1))
@@ -152,6 +220,5 @@ def build_attention_metadata(
         seq_lens_list=list(seq_lens),
     )
     if cpu_plan:
-        meta.prefills = _prefill_segments(query_lens, seq_lens, block_tables, block_size, device)
-        meta.decode = _decode_plan(query_lens, seq_lens, block_tables, block_size, device)
+        _build_cpu_plan(meta, [list(t) for t in block_tables], device)
     return meta

@@ -1,11 +1,16 @@
-"""Torch reference attention over the paged KV cache (the CPU path; also runs on CUDA)."""
+"""Torch attention over the paged KV cache: the CPU path (also correct on CUDA, via math).
+
+Per layer: write the new K/V by slot; a shared prefix of a group of sequences is attended once
+with all the group's queries stacked; then each sequence's remaining keys (prefill: one call per
+sequence; decode: one call for all) and the two parts are merged by log-sum-exp.
+GQA is folded into the query dims ([.., Hkv, G, L, D]) so K/V are never repeated per head.
+"""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from engine.attention.metadata import AttentionMetadata, DecodePlan, PrefillSegment
+from engine.attention.metadata import AttentionMetadata, DecodePlan, PrefillSegment, SharedPrefix
 
 
 def write_kv(
@@ -21,9 +26,35 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     return cache.index_select(0, block_ids).flatten(0, 1)
 
 
-class TorchAttention:
-    """Prefill: SDPA per sequence; decode: every one-token sequence in one batched call."""
+def _math_attention(q, k, v, mask, causal, scale):
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    if mask is not None:
+        s = s + mask.float()
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()).to(q.dtype), lse
 
+
+def attend(q, k, v, mask, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, H, Lq, D], k/v [B, H, Lk, D] (any strides) -> (out [B, H, Lq, D], lse [B, H, Lq])."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, is_causal=causal, attn_mask=mask, scale=scale
+        )
+        return out, lse
+    return _math_attention(q, k, v, mask, causal, scale)
+
+
+def merge(o1, lse1, o2, lse2) -> torch.Tensor:
+    """Combine attention over two disjoint key sets: o [R, H, D], lse [R, H] (float32)."""
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - m), torch.exp(lse2 - m)
+    total = w1 + w2
+    return ((o1 * (w1 / total).unsqueeze(-1)) + (o2 * (w2 / total).unsqueeze(-1))).to(o1.dtype)
+
+
+class TorchAttention:
     def forward(
         self,
         q: torch.Tensor,
@@ -36,45 +67,71 @@ class TorchAttention:
     ) -> torch.Tensor:
         # q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        t, hq, _ = q.shape
         out = torch.empty_like(q)
+        lse = torch.empty(t, hq, dtype=torch.float32, device=q.device) if meta.shared else None
         for seg in meta.prefills:
-            out[seg.start : seg.end] = self._prefill(q, k, v, k_cache, v_cache, seg, scale)
+            o, seg_lse = self._prefill(q, k, v, k_cache, v_cache, seg, scale)
+            out[seg.start : seg.end] = o
+            if lse is not None:
+                lse[seg.start : seg.end] = seg_lse
         if meta.decode is not None:
-            self._decode(q, k_cache, v_cache, meta.decode, scale, out)
+            self._decode(q, k_cache, v_cache, meta.decode, scale, out, lse)
+        for group in meta.shared:
+            o, group_lse = self._shared(q, k_cache, v_cache, group, scale)
+            rows = group.rows
+            merged = merge(o, group_lse, out.index_select(0, rows), lse.index_select(0, rows))
+            out.index_copy_(0, rows, merged)
         return out
 
     @staticmethod
-    def _prefill(q, k, v, k_cache, v_cache, seg: PrefillSegment, scale: float) -> torch.Tensor:
-        qs = q[seg.start : seg.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, L, D]
-        if seg.block_ids is None:  # nothing cached: keys are this step's own tokens
+    def _prefill(q, k, v, k_cache, v_cache, seg: PrefillSegment, scale: float):
+        hkv, d = k.shape[1], k.shape[2]
+        length = seg.end - seg.start
+        qs = q[seg.start : seg.end].permute(1, 0, 2).unflatten(0, (hkv, -1))  # [Hkv, G, L, D]
+        if seg.block_ids is None:  # keys are exactly this step's new tokens
             ks, vs = k[seg.start : seg.end], v[seg.start : seg.end]
         else:
-            ks = _gather(k_cache, seg.block_ids)[: seg.ctx_len]
-            vs = _gather(v_cache, seg.block_ids)[: seg.ctx_len]
-        o = F.scaled_dot_product_attention(
-            qs,
-            ks.transpose(0, 1).unsqueeze(0),
-            vs.transpose(0, 1).unsqueeze(0),
-            attn_mask=seg.mask,
-            is_causal=seg.mask is None,
-            scale=scale,
-            enable_gqa=True,
-        )
-        return o[0].transpose(0, 1)
+            n = seg.ctx_len - seg.key_start
+            offset = seg.key_start % k_cache.shape[1]
+            ks = _gather(k_cache, seg.block_ids)[offset : offset + n]
+            vs = _gather(v_cache, seg.block_ids)[offset : offset + n]
+        group = qs.shape[1]
+        ks = ks.permute(1, 0, 2).unsqueeze(1).expand(hkv, group, -1, d)  # GQA: stride-0 expand
+        vs = vs.permute(1, 0, 2).unsqueeze(1).expand(hkv, group, -1, d)
+        mask = seg.mask.to(q.dtype) if seg.mask is not None else None
+        o, lse = attend(qs, ks, vs, mask, seg.mask is None, scale)
+        # o [Hkv, G, L, D] -> [L, Hq, D]; lse [Hkv, G, L] -> [L, Hq]
+        return o.flatten(0, 1).transpose(0, 1), lse.reshape(-1, length).transpose(0, 1)
 
     @staticmethod
-    def _decode(q, k_cache, v_cache, plan: DecodePlan, scale: float, out: torch.Tensor) -> None:
+    def _decode(q, k_cache, v_cache, plan: DecodePlan, scale: float, out, lse) -> None:
         qd = q[plan.row_slice] if plan.row_slice is not None else q.index_select(0, plan.rows)
         b, hq, d = qd.shape
         hkv = k_cache.shape[2]
         ks = _gather(k_cache, plan.block_ids).view(b, -1, hkv, d).transpose(1, 2)
         vs = _gather(v_cache, plan.block_ids).view(b, -1, hkv, d).transpose(1, 2)
-        # grouped query heads: [B, Hkv, G, D] @ [B, Hkv, D, L] -> [B, Hkv, G, L]
-        scores = torch.matmul(qd.view(b, hkv, hq // hkv, d), ks.transpose(-1, -2)).float()
-        scores.mul_(scale).masked_fill_(~plan.mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(vs.dtype)
-        o = torch.matmul(probs, vs).view(b, hq, d)
+        # the G query heads of a kv head are the query rows of one attention: [B, Hkv, G, D]
+        o, o_lse = attend(qd.view(b, hkv, -1, d), ks, vs, plan.mask.to(q.dtype), False, scale)
+        o, o_lse = o.reshape(b, hq, d), o_lse.reshape(b, hq)
         if plan.row_slice is not None:
             out[plan.row_slice] = o
+            if lse is not None:
+                lse[plan.row_slice] = o_lse
         else:
             out.index_copy_(0, plan.rows, o)
+            if lse is not None:
+                lse.index_copy_(0, plan.rows, o_lse)
+
+    @staticmethod
+    def _shared(q, k_cache, v_cache, group: SharedPrefix, scale: float):
+        hkv, d = k_cache.shape[2], k_cache.shape[3]
+        qr = q.index_select(0, group.rows)  # [R, Hq, D]
+        r = qr.shape[0]
+        # every row attends every prefix key: stack rows x G query heads as one query sequence
+        qs = qr.view(r, hkv, -1, d).transpose(0, 1).reshape(1, hkv, -1, d)  # [1, Hkv, R*G, D]
+        ks = _gather(k_cache, group.block_ids).permute(1, 0, 2).unsqueeze(0)  # [1, Hkv, P, D]
+        vs = _gather(v_cache, group.block_ids).permute(1, 0, 2).unsqueeze(0)
+        o, lse = attend(qs, ks, vs, None, False, scale)
+        o = o.view(hkv, r, -1, d).transpose(0, 1).reshape(r, -1, d)  # [R, Hq, D]
+        return o, lse.view(hkv, r, -1).transpose(0, 1).reshape(r, -1)

@@ -9,17 +9,24 @@ import torch
 from engine.attention import TorchAttention, build_attention_metadata, compute_positions
 
 
-def make_batch(seed, query_lens, prefix_lens, block_size, hq, hkv, d, num_blocks=96):
-    """Random q/k/v for the new tokens and random cached prefixes written into a paged cache."""
+def make_batch(seed, query_lens, prefix_lens, block_size, hq, hkv, d, groups=None):
+    """Random q/k/v for the new tokens and random cached prefixes in a paged cache.
+
+    groups[b] (optional): sequences with the same group id start with the same cached blocks
+    (as many as their cached prefix covers), like requests sharing a system prompt."""
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
+    num_blocks = 160
     k_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen)
     v_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen)
-    free = list(rng.permutation(num_blocks))
+    free = [int(b) for b in rng.permutation(num_blocks)]
+    group_blocks = {g: [free.pop() for _ in range(8)] for g in set(groups or []) if g is not None}
     tables, full_k, full_v = [], [], []
-    for qlen, plen in zip(query_lens, prefix_lens, strict=True):
+    for i, (qlen, plen) in enumerate(zip(query_lens, prefix_lens, strict=True)):
         nb = -(-(qlen + plen) // block_size) + int(rng.integers(0, 2))  # maybe a spare block
-        tables.append([int(free.pop()) for _ in range(nb)])
+        g = groups[i] if groups else None
+        shared = group_blocks[g][: plen // block_size] if g is not None else []
+        tables.append(shared + [free.pop() for _ in range(nb - len(shared))])
         slots = [tables[-1][p // block_size] * block_size + p % block_size for p in range(plen)]
         full_k.append(k_cache.view(-1, hkv, d)[slots].clone())
         full_v.append(v_cache.view(-1, hkv, d)[slots].clone())
@@ -52,43 +59,54 @@ def dense_reference(q, full_k, full_v, query_lens, scale):
 
 
 CASES = [
-    # (query_lens, prefix_lens, block_size, hq, hkv, d)
-    ([7], [0], 4, 4, 4, 16),
-    ([5, 1, 1, 9], [0, 12, 3, 20], 4, 8, 2, 16),
-    ([1, 1, 1], [30, 0, 17], 16, 6, 3, 32),
-    ([16, 3, 1, 1, 40], [16, 33, 64, 1, 0], 8, 9, 3, 64),
-    ([2, 1, 64], [5, 100, 7], 32, 4, 1, 8),
-    ([1, 13, 1, 1, 6], [0, 0, 9, 15, 1], 1, 2, 2, 16),
+    # (query_lens, prefix_lens, block_size, hq, hkv, d, groups)
+    ([7], [0], 4, 4, 4, 16, None),
+    ([5, 1, 1, 9], [0, 12, 3, 20], 4, 8, 2, 16, None),
+    ([1, 1, 1], [30, 0, 17], 16, 6, 3, 32, None),
+    ([16, 3, 1, 1, 40], [16, 33, 64, 1, 0], 8, 9, 3, 64, None),
+    ([2, 1, 64], [5, 100, 7], 32, 4, 1, 8, None),
+    ([1, 13, 1, 1, 6], [0, 0, 9, 15, 1], 1, 2, 2, 16, None),
+    # shared prefixes: decode and prefill members, different shared lengths, two groups
+    ([1, 1, 1, 1], [20, 23, 17, 31], 4, 8, 2, 16, [0, 0, 0, 0]),
+    ([6, 1, 9, 1, 3, 1], [16, 21, 16, 9, 30, 12], 4, 6, 3, 16, [0, 0, 0, 1, 1, None]),
+    ([1, 5, 2, 1], [32, 33, 35, 8], 8, 4, 4, 32, [2, 2, 2, 2]),
+    ([4, 4, 1], [3, 3, 3], 4, 4, 2, 16, [0, 0, 0]),  # nothing whole to share
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
-def test_torch_backend_matches_dense_reference(case):
-    query_lens, prefix_lens, bs, hq, hkv, d = case
+def run_case(case, dtype=torch.float32):
+    query_lens, prefix_lens, bs, hq, hkv, d, groups = case
     q, k, v, k_cache, v_cache, tables, full_k, full_v = make_batch(
-        len(query_lens), query_lens, prefix_lens, bs, hq, hkv, d
+        len(query_lens), query_lens, prefix_lens, bs, hq, hkv, d, groups
     )
     seq_lens = [a + b for a, b in zip(query_lens, prefix_lens, strict=True)]
     meta = build_attention_metadata(query_lens, seq_lens, tables, bs)
     scale = d**-0.5
-    out = TorchAttention().forward(q, k, v, k_cache, v_cache, meta, scale)
+    args = [x.to(dtype) for x in (q, k, v, k_cache, v_cache)]
+    out = TorchAttention().forward(*args, meta, scale)
     ref = dense_reference(q, full_k, full_v, query_lens, scale)
+    return out, ref, meta, args
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_torch_backend_matches_dense_reference(case):
+    out, ref, meta, (_, k, v, k_cache, v_cache) = run_case(case)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     # the new tokens' K/V landed at their slots
+    hkv, d = k.shape[1:]
     torch.testing.assert_close(k_cache.view(-1, hkv, d)[meta.slot_mapping], k)
     torch.testing.assert_close(v_cache.view(-1, hkv, d)[meta.slot_mapping], v)
 
 
-def test_torch_backend_bfloat16_close_to_reference():
-    query_lens, prefix_lens = [9, 1, 1, 4], [0, 21, 40, 12]
-    q, k, v, k_cache, v_cache, tables, full_k, full_v = make_batch(
-        5, query_lens, prefix_lens, 16, 8, 2, 32
-    )
-    seq_lens = [a + b for a, b in zip(query_lens, prefix_lens, strict=True)]
-    meta = build_attention_metadata(query_lens, seq_lens, tables, 16)
-    bf = [x.bfloat16() for x in (q, k, v, k_cache, v_cache)]
-    out = TorchAttention().forward(*bf, meta, 32**-0.5)
-    ref = dense_reference(q, full_k, full_v, query_lens, 32**-0.5)
+def test_shared_prefix_groups_are_found():
+    _, _, meta, _ = run_case(CASES[7])
+    assert sorted(len(g.rows) for g in meta.shared) == [4, 16]
+    assert sorted(g.num_tokens for g in meta.shared) == [8, 16]
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[7]], ids=["private", "shared"])
+def test_torch_backend_bfloat16_close_to_reference(case):
+    out, ref, _, _ = run_case(case, torch.bfloat16)
     torch.testing.assert_close(out.float(), ref, rtol=3e-2, atol=3e-2)
 
 

@@ -1,0 +1,107 @@
+"""Forward time of the default model (SmolLM2-135M) on this machine's CPU, fp32 and bf16.
+
+Shapes: a 1024-token prefill of one sequence (nothing cached); a 64-token prefill chunk over a
+1024-token cached prefix for 16 sequences (the shared-prefix workload's prefill); one decode step
+of 16 sequences with 1,100 tokens of context each (private blocks; and sharing a 1024-token prefix).
+
+    python benchmarks/bench_model.py [--reps 5] [--dtypes float32,bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from engine.attention import build_attention_metadata, compute_positions
+from engine.loader import ensure_default_model, load_model
+
+BLOCK = 16
+PREFIX = 1024
+
+
+def workload(name: str) -> tuple[list[int], list[int], list[list[int]]]:
+    """(query_lens, seq_lens, block_tables) of one step; shared prefix blocks are 0..63."""
+    shared = list(range(PREFIX // BLOCK))
+    if name == "prefill-1024":
+        return [1024], [1024], [list(range(1024 // BLOCK))]
+    if name == "prefill-16x64+1024-cached":
+        tables = [shared + list(range(100 + 8 * i, 104 + 8 * i)) for i in range(16)]
+        return [64] * 16, [PREFIX + 64] * 16, tables
+    if name == "decode-16x1100-private":
+        return [1] * 16, [1100] * 16, [list(range(70 * i, 70 * i + 70)) for i in range(16)]
+    if name == "decode-16x1100-shared":
+        tables = [shared + list(range(100 + 8 * i, 106 + 8 * i)) for i in range(16)]
+        return [1] * 16, [1100] * 16, tables
+    raise ValueError(name)
+
+
+WORKLOADS = [
+    "prefill-1024",
+    "prefill-16x64+1024-cached",
+    "decode-16x1100-private",
+    "decode-16x1100-shared",
+]
+
+
+def time_step(model, kv, name: str, reps: int) -> float:
+    query_lens, seq_lens, tables = workload(name)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, model.config.vocab_size - 100, (sum(query_lens),), generator=gen)
+    pos = torch.from_numpy(compute_positions(query_lens, seq_lens))
+    times = []
+    for _ in range(reps + 1):
+        start = time.perf_counter()
+        meta = build_attention_metadata(query_lens, seq_lens, tables, BLOCK)
+        hidden = model(ids, pos, kv, meta)
+        model.compute_logits(hidden[torch.cumsum(torch.tensor(query_lens), 0) - 1])
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    path = ensure_default_model()
+    rows = []
+    for dtype_name in args.dtypes.split(","):
+        model = load_model(path, getattr(torch, dtype_name), "cpu")
+        kv = model.make_kv_cache(num_blocks=1200, block_size=BLOCK)
+        kv.normal_()
+        for name in WORKLOADS:
+            seconds = time_step(model, kv, name, args.reps)
+            tokens = sum(workload(name)[0])
+            rows.append(
+                {
+                    "workload": name,
+                    "dtype": dtype_name,
+                    "tokens": tokens,
+                    "ms": round(seconds * 1e3, 2),
+                    "tokens_per_s": round(tokens / seconds, 1),
+                }
+            )
+            r = rows[-1]
+            print(f"  {r['workload']:<28} {r['dtype']:<9} {r['ms']:>9.2f} ms", flush=True)
+    header = f"{'workload':<28} {'dtype':<9} {'tokens':>6} {'ms':>9} {'tokens/s':>10}"
+    print(f"\nthreads={torch.get_num_threads()}  torch={torch.__version__}\n{header}")
+    for r in rows:
+        print(
+            f"{r['workload']:<28} {r['dtype']:<9} {r['tokens']:>6} {r['ms']:>9.2f} "
+            f"{r['tokens_per_s']:>10.1f}"
+        )
+    out = Path(__file__).parent / "results" / "bench_model.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"threads": torch.get_num_threads(), "torch": torch.__version__}
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
