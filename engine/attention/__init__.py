@@ -29,6 +29,10 @@ class AttentionBackend(Protocol):
 
 def make_attention_backend(device: torch.device | str) -> AttentionBackend:
     """Torch reference on CPU; triton kernels on CUDA."""
+    if torch.device(device).type == "cuda":
+        from engine.attention.triton_backend import TritonAttention
+
+        return TritonAttention()
     return TorchAttention()
 
 

@@ -1,0 +1,26 @@
+"""The CUDA attention backend: triton kernels over the paged KV cache."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.triton_kernels import paged_attention, store_kv
+
+
+class TritonAttention:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        # q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        paged_attention(q, k_cache, v_cache, out, meta, scale)
+        return out
