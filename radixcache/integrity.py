@@ -66,6 +66,9 @@ def _check_node(cache: PrefixCache, node: Node) -> None:
     _require(node.pin_ref >= sum(c.pin_ref for c in kids), f"{node} pinned less than below")
     for b in node.blocks:
         _require(cache.tree.block_node.get(b) is node, f"block {b} is not mapped to {node}")
+    mrc = cache.tree.mrc
+    if mrc is not None:
+        _require(node.sampled == mrc.sample(node.hashes), f"{node} sampled hashes are stale")
     parent_hash = parent.hashes[-1] if parent.parent is not None else None
     expected = cache.tree.hash_fn(node.ns, node.tokens, parent_hash)  # type: ignore[arg-type]
     _require(tuple(expected) == node.hashes, f"{node} hashes do not chain from its parent")

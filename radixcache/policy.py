@@ -1,7 +1,14 @@
-"""Eviction policies: each gives a node a priority; the lowest evictable leaf goes first."""
+"""Eviction policies: each gives a node a priority; the lowest evictable leaf goes first.
+
+The tree keeps the unreferenced, unpinned leaves in one ordered set keyed by (node.prio, node.id)
+and asks the policy to set `node.prio` at the moments below; priorities never change otherwise,
+so every policy costs O(log n) per access and per evicted leaf.
+"""
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -9,15 +16,19 @@ if TYPE_CHECKING:
 
 
 class EvictionPolicy(Protocol):
-    """What the tree asks of a policy. Priorities only change inside these calls."""
-
     name: str
 
-    def on_access(self, node: Node, tick: int) -> None:
-        """`node` was inserted or matched at logical time `tick`: set `node.prio`."""
+    def attach(self, num_blocks: int) -> None:
+        """Called once by the cache with the pool size."""
 
-    def on_evict(self, node: Node) -> None:
-        """Blocks of `node` (priority `node.prio`) were just evicted."""
+    def on_insert(self, node: Node, tick: int) -> None:
+        """`node` was just created holding new blocks (`node.hashes` are set): set `node.prio`."""
+
+    def on_access(self, node: Node, tick: int, hit: bool) -> None:
+        """`node` lay on the path of a match (hit=True) or of an insert (hit=False)."""
+
+    def on_evict(self, node: Node, hashes: tuple[int, ...]) -> None:
+        """The blocks `hashes` of `node` (priority `node.prio`) were just evicted."""
 
 
 class LRUPolicy:
@@ -25,8 +36,75 @@ class LRUPolicy:
 
     name = "lru"
 
-    def on_access(self, node: Node, tick: int) -> None:
+    def attach(self, num_blocks: int) -> None:
+        pass
+
+    def on_insert(self, node: Node, tick: int) -> None:
         node.prio = tick
 
-    def on_evict(self, node: Node) -> None:
+    def on_access(self, node: Node, tick: int, hit: bool) -> None:
+        node.prio = tick
+
+    def on_evict(self, node: Node, hashes: tuple[int, ...]) -> None:
         pass
+
+
+class FrequencyAgeingPolicy:
+    """GreedyDual frequency with ageing and a ghost history (see README: cache quality).
+
+    prio = clock + 1 + log2(freq), where `clock` is the priority of the last victim (the ageing
+    floor: a block that is not hit again sinks below newer ones) and `freq` counts the matches of
+    the node, plus the frequency its blocks had when they were last evicted (the ghost history
+    remembers `ghost_factor` x num_blocks evicted block hashes).
+    """
+
+    name = "freq-ageing"
+
+    def __init__(self, ghost_factor: float = 2.0) -> None:
+        self.ghost_factor = ghost_factor
+        self.ghost_capacity = 0
+        self.ghost: OrderedDict[int, int] = OrderedDict()
+        self.clock = 0.0
+
+    def attach(self, num_blocks: int) -> None:
+        self.ghost_capacity = int(self.ghost_factor * num_blocks)
+
+    def on_insert(self, node: Node, tick: int) -> None:
+        ghost = self.ghost
+        remembered = 0
+        if ghost:
+            for h in node.hashes:
+                f = ghost.pop(h, 0)
+                if f > remembered:
+                    remembered = f
+        node.freq = remembered + 1
+        node.prio = self.clock + 1.0 + math.log2(node.freq)
+
+    def on_access(self, node: Node, tick: int, hit: bool) -> None:
+        if hit:
+            node.freq += 1
+            node.prio = self.clock + 1.0 + math.log2(node.freq)
+
+    def on_evict(self, node: Node, hashes: tuple[int, ...]) -> None:
+        if node.prio > self.clock:
+            self.clock = node.prio
+        if not self.ghost_capacity:
+            return
+        ghost = self.ghost
+        for h in hashes:
+            ghost[h] = node.freq
+        while len(ghost) > self.ghost_capacity:
+            ghost.popitem(last=False)
+
+
+POLICIES: dict[str, type] = {"lru": LRUPolicy, "freq-ageing": FrequencyAgeingPolicy}
+
+
+def make_policy(name: str) -> EvictionPolicy:
+    """A policy by its name (for configs and CLIs)."""
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(
+            f"unknown eviction policy {name!r}; choose from {sorted(POLICIES)}"
+        ) from None

@@ -10,10 +10,11 @@ import numpy as np
 from radixcache.block_pool import BlockPool, BlockPoolError
 from radixcache.hashing import Namespace, block_hashes
 from radixcache.integrity import check_integrity
+from radixcache.mrc import DEFAULT_RATIOS, MissRatioCurve
 from radixcache.policy import EvictionPolicy, LRUPolicy
 from radixcache.radix_node import Node
 from radixcache.radix_tree import HashFn, RadixTree, Victim
-from radixcache.stats import CacheStats, NamespaceStats, PrefixInfo, prefix_info
+from radixcache.stats import CacheStats, MissRatioPoint, NamespaceStats, PrefixInfo, prefix_info
 
 NodeHandle = Node
 
@@ -60,13 +61,23 @@ class PrefixCache:
         on_evict: Callable[[list[EvictedBlock]], None] | None = None,
         policy: EvictionPolicy | None = None,
         hash_fn: HashFn = block_hashes,
+        mrc_sample_rate: float | None = -1.0,
     ) -> None:
+        """`mrc_sample_rate`: share of blocks the miss-ratio curve samples; None turns it off,
+        the default samples one block per 4,096 tokens."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_pinned_blocks = int(max_pinned_fraction * num_blocks)
         self.on_evict = on_evict
         self.pool = BlockPool(num_blocks)
-        self.tree = RadixTree(block_size, policy or LRUPolicy(), hash_fn)
+        policy = policy or LRUPolicy()
+        policy.attach(num_blocks)
+        if mrc_sample_rate is not None and mrc_sample_rate < 0:
+            mrc_sample_rate = min(1.0, block_size / 4096)
+        mrc = None
+        if mrc_sample_rate is not None:
+            mrc = MissRatioCurve(mrc_sample_rate, max_blocks=int(max(DEFAULT_RATIOS) * num_blocks))
+        self.tree = RadixTree(block_size, policy, hash_fn, mrc)
         self._ns_stats: dict[Namespace, NamespaceStats] = {}
         self._private_locks: dict[int, Node] = {}  # cached block with private refs -> locked node
         self._pins: dict[tuple[Namespace, tuple[int, ...]], list[Node]] = {}
@@ -255,7 +266,15 @@ class PrefixCache:
             policy=tree.policy.name,
             hash_collisions=tree.collisions,
             namespaces={ns: NamespaceStats(**vars(s)) for ns, s in self._ns_stats.items()},
+            miss_ratio_curve=self.miss_ratio_curve(),
         )
+
+    def miss_ratio_curve(self, ratios: Sequence[float] = DEFAULT_RATIOS) -> list[MissRatioPoint]:
+        """Estimated LRU block hit rate at other pool sizes (empty when sampling is off)."""
+        mrc = self.tree.mrc
+        if mrc is None:
+            return []
+        return [MissRatioPoint(*point) for point in mrc.curve(self.num_blocks, ratios)]
 
     def hottest_prefixes(
         self,

@@ -35,6 +35,8 @@ class Node:
         "hits",
         "tokens_saved",
         "prio",
+        "freq",
+        "sampled",
         "set_key",
     )
 
@@ -65,6 +67,8 @@ class Node:
         self.hits = 0
         self.tokens_saved = 0
         self.prio: float = 0.0
+        self.freq = 1  # the policy's reference count (may include ghost history)
+        self.sampled: tuple[int, ...] = ()  # hashes of this node the miss-ratio curve samples
         self.set_key: tuple[float, int] | None = None
 
     @property

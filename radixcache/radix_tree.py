@@ -9,6 +9,7 @@ from typing import NamedTuple
 from sortedcontainers import SortedList
 
 from radixcache.hashing import Namespace, block_hashes
+from radixcache.mrc import MissRatioCurve
 from radixcache.policy import EvictionPolicy
 from radixcache.radix_node import Node
 
@@ -32,9 +33,16 @@ class Victim(NamedTuple):
 class RadixTree:
     """Children are keyed by their first block's tokens; each namespace has its own root."""
 
-    def __init__(self, block_size: int, policy: EvictionPolicy, hash_fn: HashFn = block_hashes):
+    def __init__(
+        self,
+        block_size: int,
+        policy: EvictionPolicy,
+        hash_fn: HashFn = block_hashes,
+        mrc: MissRatioCurve | None = None,
+    ) -> None:
         self.block_size = block_size
         self.policy = policy
+        self.mrc = mrc
         self.hash_fn = hash_fn
         self.roots: dict[Namespace, Node] = {}
         self.hash_index: dict[int, int] = {}  # chained block hash -> block id
@@ -111,7 +119,9 @@ class RadixTree:
     def touch(self, path: list[Node], matched_tokens: int = 0) -> None:
         """Record an access of every node on `path` (policy priorities, hit counters)."""
         self.tick += 1
-        tick, now, policy = self.tick, time.time(), self.policy
+        tick, now, policy, hit = self.tick, time.time(), self.policy, matched_tokens > 0
+        if self.mrc is not None:
+            self._sample_path(path, hit)
         for node in path:
             node.last_access = tick
             node.last_used = now
@@ -119,10 +129,10 @@ class RadixTree:
                 node.hits += 1
                 node.tokens_saved += len(node.tokens)
             if node.set_key is None:
-                policy.on_access(node, tick)
+                policy.on_access(node, tick, hit)
             else:
                 self._unlist(node)
-                policy.on_access(node, tick)
+                policy.on_access(node, tick, hit)
                 self._list(node)
 
     # --- insert ---
@@ -141,7 +151,10 @@ class RadixTree:
         else:
             for b, h in zip(blocks, hashes, strict=True):
                 self.collisions += index.setdefault(h, b) != b
-        self.policy.on_access(node, self.tick)
+        self.policy.on_insert(node, self.tick)
+        if self.mrc is not None:
+            node.sampled = self.mrc.sample(hashes)
+            self.mrc.reference(node.sampled)
         self._refresh(node)
         if parent.set_key is not None:
             self._unlist(parent)
@@ -161,7 +174,7 @@ class RadixTree:
             node.hashes[:k],
             node.depth,
         )
-        for attr in ("lock_ref", "pin_ref", "last_access", "last_used", "hits", "prio"):
+        for attr in ("lock_ref", "pin_ref", "last_access", "last_used", "hits", "prio", "freq"):
             setattr(upper, attr, getattr(node, attr))
         upper.tokens_saved = node.tokens_saved * k // len(node.blocks)
         node.tokens_saved -= upper.tokens_saved
@@ -176,7 +189,16 @@ class RadixTree:
         block_node = self.block_node
         for b in upper.blocks:
             block_node[b] = upper
+        if node.sampled:
+            upper.sampled = tuple(h for h in node.sampled if h in upper.hashes)
+            node.sampled = node.sampled[len(upper.sampled) :]
         return upper
+
+    def _sample_path(self, path: list[Node], hit: bool) -> None:
+        sampled = [h for node in path for h in node.sampled]
+        if sampled:
+            assert self.mrc is not None
+            (self.mrc.reference if hit else self.mrc.touch)(sampled)
 
     # --- references ---
     def add_refs(self, node: Node, locks: int, pins: int) -> None:
@@ -223,7 +245,7 @@ class RadixTree:
             del block_node[b]
             if index.get(h) == b:
                 del index[h]
-        self.policy.on_evict(node)
+        self.policy.on_evict(node, victim.hashes)
         if keep:
             self._list(node)
         else:

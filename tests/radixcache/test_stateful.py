@@ -7,6 +7,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from radixcache import EvictedBlock, LRUPolicy, Namespace, PrefixCache
+from radixcache.policy import FrequencyAgeingPolicy
 
 BS = 2
 NAMESPACES = [Namespace("m", "float32", BS, cache_salt=s) for s in ("", "a", "b")]
@@ -20,7 +21,12 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.cache = PrefixCache(
-            20, BS, max_pinned_fraction=0.3, on_evict=self._on_evict, policy=self.policy_factory()
+            20,
+            BS,
+            max_pinned_fraction=0.3,
+            on_evict=self._on_evict,
+            policy=self.policy_factory(),
+            mrc_sample_rate=0.5,
         )
         self.held: list[tuple[object, list[int]]] = []  # locked handles and their blocks
         self.private: list[int] = []
@@ -117,3 +123,11 @@ PrefixCacheMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None
 )
 TestPrefixCacheLRU = PrefixCacheMachine.TestCase
+
+
+class FrequencyAgeingMachine(PrefixCacheMachine):
+    policy_factory = FrequencyAgeingPolicy
+
+
+FrequencyAgeingMachine.TestCase.settings = PrefixCacheMachine.TestCase.settings
+TestPrefixCacheFrequencyAgeing = FrequencyAgeingMachine.TestCase

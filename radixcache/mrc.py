@@ -1,0 +1,79 @@
+"""Online miss-ratio curve: SHARDS-style spatially sampled LRU reuse distances of block hashes.
+
+A block is sampled when the low 32 bits of its (uniformly distributed) chained hash fall under
+rate * 2**32, so every reference to it is seen or none is. For a sampled reference the number of
+distinct sampled blocks referenced since its previous reference, divided by the rate, estimates
+its LRU stack distance; an LRU cache of C blocks hits exactly the references with distance < C.
+In an LRU radix tree a parent is never less recent than its children, so block-level stack
+distances also describe the tree. Cost: O(log n) per *sampled* reference only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from sortedcontainers import SortedList
+
+DEFAULT_RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+class MissRatioCurve:
+    """Reuse-distance histogram of sampled block references."""
+
+    def __init__(self, sample_rate: float = 1 / 32, max_blocks: int | None = None) -> None:
+        if not 0 < sample_rate <= 1:
+            raise ValueError("sample_rate must be in (0, 1]")
+        self.rate = sample_rate
+        self.threshold = int(sample_rate * 2**32)
+        # tracked sampled blocks; distances beyond max_blocks count as misses anyway
+        self.max_tracked = None if max_blocks is None else int(max_blocks * sample_rate) + 1
+        self.clock = 0
+        self.last: dict[int, int] = {}  # sampled block hash -> time of its last reference
+        self.times = SortedList()  # the values of `last`
+        self.owner: dict[int, int] = {}  # time -> the hash referenced then
+        self.distances: dict[int, int] = {}  # sampled stack distance -> references
+        self.references = 0  # sampled references, hits and misses
+
+    def sample(self, hashes: Iterable[int]) -> tuple[int, ...]:
+        """The hashes of `hashes` that are sampled (computed once per node, at insert)."""
+        thr = self.threshold
+        return tuple(h for h in hashes if h & 0xFFFFFFFF < thr)
+
+    def reference(self, sampled: Sequence[int]) -> None:
+        """Record references to these sampled hashes (shallowest first)."""
+        for h in reversed(sampled):  # deeper blocks end up less recent, as the tree evicts them
+            self._access(h, count=True)
+
+    def touch(self, sampled: Sequence[int]) -> None:
+        """Make these blocks most recent without counting a reference (an insert's path)."""
+        for h in reversed(sampled):
+            self._access(h, count=False)
+
+    def _access(self, h: int, count: bool) -> None:
+        self.clock += 1
+        t0 = self.last.get(h)
+        if t0 is not None:
+            if count:
+                d = len(self.times) - self.times.bisect_right(t0)
+                self.distances[d] = self.distances.get(d, 0) + 1
+            self.times.remove(t0)
+            del self.owner[t0]
+        if count:
+            self.references += 1
+        self.last[h] = self.clock
+        self.owner[self.clock] = h
+        self.times.add(self.clock)
+        if self.max_tracked is not None and len(self.times) > self.max_tracked:
+            del self.last[self.owner.pop(self.times.pop(0))]
+
+    def hit_rate(self, size_blocks: int) -> float:
+        """Estimated LRU block hit rate at `size_blocks`."""
+        if not self.references:
+            return 0.0
+        limit = size_blocks * self.rate
+        hits = sum(n for d, n in self.distances.items() if d < limit)
+        return hits / self.references
+
+    def curve(self, num_blocks: int, ratios: Sequence[float] = DEFAULT_RATIOS) -> list[tuple]:
+        """(size in blocks, size / num_blocks, estimated hit rate) at each ratio."""
+        return [(int(r * num_blocks), r, self.hit_rate(int(r * num_blocks))) for r in ratios]

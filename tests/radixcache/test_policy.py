@@ -1,0 +1,81 @@
+import pytest
+
+from radixcache import Namespace, PrefixCache
+from radixcache.policy import FrequencyAgeingPolicy, LRUPolicy, make_policy
+
+BS = 4
+NS = Namespace("m", "float32", BS)
+
+
+def seq(start: int, n_blocks: int) -> list[int]:
+    return list(range(start, start + n_blocks * BS))
+
+
+def cached(cache: PrefixCache, tokens: list[int]):
+    res = cache.insert(NS, tokens, cache.allocate(len(tokens) // BS))
+    cache.free(res.duplicates)
+    return res
+
+
+def evicted_order(cache: PrefixCache, n: int) -> list[int]:
+    out: list[int] = []
+    cache.on_evict = lambda blocks: out.extend(b.block_id for b in blocks)
+    cache.evict(n)
+    return out
+
+
+def test_a_probationary_block_goes_before_a_reused_one():
+    cache = PrefixCache(16, BS, policy=FrequencyAgeingPolicy())
+    reused = cached(cache, seq(0, 1))
+    cache.match(NS, seq(0, 1))
+    newcomer = cached(cache, seq(100, 1))  # newer, but never hit
+    assert evicted_order(cache, 1) == newcomer.block_ids
+    lru = PrefixCache(16, BS, policy=LRUPolicy())
+    old = cached(lru, seq(0, 1))
+    lru.match(NS, seq(0, 1))
+    cached(lru, seq(100, 1))
+    assert evicted_order(lru, 1) == old.block_ids  # LRU drops the older, reused block
+    assert cache.match(NS, seq(0, 1)).block_ids == reused.block_ids
+
+
+def test_ageing_lets_stale_frequent_blocks_go():
+    cache = PrefixCache(64, BS, policy=FrequencyAgeingPolicy(ghost_factor=0))
+    stale = cached(cache, seq(0, 1))
+    for _ in range(3):
+        cache.match(NS, seq(0, 1))  # freq 4: priority 1 + log2(4) = 3 above the floor
+    for i in range(8):  # each round evicts a newcomer, raising the floor by about 1
+        cached(cache, seq(1000 + 10 * i, 1))
+        cache.evict(1)
+    assert stale.block_ids[0] in evicted_order(cache, 1) + evicted_order(cache, 1)
+
+
+def test_ghost_history_restores_frequency():
+    policy = FrequencyAgeingPolicy(ghost_factor=4)
+    cache = PrefixCache(8, BS, policy=policy)
+    cached(cache, seq(0, 1))
+    for _ in range(3):
+        cache.match(NS, seq(0, 1))
+    cache.flush()
+    again = cached(cache, seq(0, 1))
+    cached(cache, seq(100, 1))
+    assert cache.tree.block_node[again.block_ids[0]].freq == 5
+    assert evicted_order(cache, 1) != again.block_ids
+
+
+@pytest.mark.parametrize("name", ["lru", "freq-ageing"])
+def test_pins_and_locks_are_never_chosen(name: str):
+    cache = PrefixCache(6, BS, policy=make_policy(name), max_pinned_fraction=0.5)
+    pinned = cached(cache, seq(0, 2))
+    cache.pin(NS, seq(0, 2))
+    locked = cached(cache, seq(100, 2))
+    cache.lock(locked.handle)
+    cached(cache, seq(200, 2))
+    out = evicted_order(cache, 6)
+    assert len(out) == 2 and not set(out) & set(pinned.block_ids + locked.block_ids)
+    assert cache.num_free_blocks() == 2 and cache.allocate(3) is None
+    cache.check_integrity()
+
+
+def test_unknown_policy_name():
+    with pytest.raises(ValueError):
+        make_policy("fifo")
