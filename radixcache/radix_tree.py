@@ -240,6 +240,9 @@ class RadixTree:
         victim = Victim(node, node.blocks[keep:], node.hashes[keep:], node.tokens[keep * bs :])
         node.blocks, node.hashes = node.blocks[:keep], node.hashes[:keep]
         node.tokens = node.tokens[: keep * bs]
+        if node.sampled:
+            gone = set(victim.hashes)
+            node.sampled = tuple(h for h in node.sampled if h not in gone)
         index, block_node = self.hash_index, self.block_node
         for b, h in zip(victim.blocks, victim.hashes, strict=True):
             del block_node[b]
