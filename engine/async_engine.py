@@ -80,6 +80,7 @@ class AsyncEngine:
             self._inbox.put(_STOP)
             self._thread.join()
             self._thread = None
+        self.engine.close()
 
     @property
     def is_running(self) -> bool:

@@ -14,10 +14,13 @@ from engine.request import Sequence
 
 if TYPE_CHECKING:
     from engine.kv_cache import KVCache
+    from radixcache.hashing import Namespace
     from radixcache.prefix_cache import PrefixCache
 
-# (seq, first block index to fill) -> number of leading tokens the lower tiers supplied
-LoadBack = Callable[[Sequence], int]
+# (seq after its device match, hash of its last matched block) -> tokens loaded from lower tiers
+LoadBack = Callable[[Sequence, "int | None"], int]
+# (namespace, hashes, block ids) of blocks just inserted into the tree (write-through tiers)
+Publish = Callable[["Namespace", list[int], list[int]], None]
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -32,6 +35,7 @@ class BlockManager:
         self.kv_cache = kv_cache
         self.block_size = cache.block_size
         self.load_back: LoadBack | None = None  # set by the spill-tier bridge
+        self.publish: Publish | None = None
 
     # --- admission ---
     def admit(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -39,9 +43,9 @@ class BlockManager:
 
         On failure nothing is held. `num_new_tokens` is the chunk the scheduler wants to run, counted
         from the end of the match (it is clipped by the caller after `match_len`)."""
-        self._match(seq)
+        last_hash = self._match(seq)
         if self.load_back is not None and seq.num_computed_tokens < seq.num_tokens - 1:
-            self.load_back(seq)
+            self.load_back(seq, last_hash)
         needed = min(num_new_tokens, seq.num_tokens - seq.num_computed_tokens)
         if not self.allocate(seq, needed):
             self.release(seq)
@@ -52,7 +56,7 @@ class BlockManager:
         """Tokens of seq's prefix cached now (no stats, no lock); -1 when caching is off."""
         return self.cache.peek(seq.request.namespace, seq.token_ids[:-1]).num_tokens
 
-    def _match(self, seq: Sequence) -> None:
+    def _match(self, seq: Sequence) -> int | None:
         ns = seq.request.namespace
         match = self.cache.match(ns, seq.token_ids[:-1])
         self.cache.lock(match.handle)
@@ -63,6 +67,7 @@ class BlockManager:
         if seq.num_preemptions == 0:
             seq.num_cached_tokens = match.num_tokens
             seq.cached_by_tier = {"device": match.num_tokens}
+        return match.last_hash
 
     # --- growth ---
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -94,6 +99,9 @@ class BlockManager:
         if seq.handle is not None:
             self.cache.unlock(seq.handle)
         seq.handle = result.handle
+        if self.publish is not None:
+            new = slice(seq.num_tree_blocks, num_full)
+            self.publish(ns, self.cache.hashes_of(result.handle)[new], seq.block_ids[new])
         seq.num_tree_blocks = num_full
 
     # --- forking (parallel sampling) ---
@@ -140,11 +148,12 @@ class NoCacheBlockManager(BlockManager):
     def peek(self, seq: Sequence) -> int:
         return -1
 
-    def _match(self, seq: Sequence) -> None:
+    def _match(self, seq: Sequence) -> int | None:
         seq.handle = None
         seq.block_ids = []
         seq.num_tree_blocks = 0
         seq.num_computed_tokens = 0
+        return None
 
     def commit(self, seq: Sequence) -> None:
         return None

@@ -20,6 +20,7 @@ from engine.sampler import Sampler, SampleRow
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.stats import EngineStats, StepStats
+from engine.tier_bridge import TierBridge
 from radixcache.hashing import Namespace
 from radixcache.prefix_cache import PrefixCache
 
@@ -57,9 +58,18 @@ class LLMEngine:
         self.namespace = Namespace(
             model_id=self.model.model_id, kv_dtype=config.dtype, block_size=config.block_size
         )
-        self.prefix_cache = PrefixCache(self.kv_cache.num_blocks, config.block_size)
+        self.tiers = self._make_tiers(config)
+        self.prefix_cache = PrefixCache(
+            self.kv_cache.num_blocks,
+            config.block_size,
+            on_evict=None if self.tiers is None else self.tiers.on_evict,
+        )
         manager = BlockManager if config.enable_prefix_caching else NoCacheBlockManager
         self.blocks = manager(self.prefix_cache, self.kv_cache)
+        if self.tiers is not None and config.enable_prefix_caching:
+            self.tiers.cache = self.prefix_cache
+            self.blocks.load_back = self.tiers.load_back
+            self.blocks.publish = self.tiers.publish
         self.scheduler = Scheduler(
             self.blocks,
             self.kv_cache.num_blocks,
@@ -72,6 +82,18 @@ class LLMEngine:
         self.eos_token_ids = set(self.tokenizer.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
+
+    def _make_tiers(self, config: EngineConfig) -> TierBridge | None:
+        if config.tiers is None:
+            return None
+        from storage.tiered import TieredStore
+
+        return TierBridge(TieredStore(config.tiers), self.kv_cache)
+
+    def close(self) -> None:
+        """Finishes queued tier writes and stops the tier threads."""
+        if self.tiers is not None:
+            self.tiers.store.close()
 
     # --- requests ---
     def namespace_for(self, cache_salt: str = "") -> Namespace:
@@ -234,6 +256,8 @@ class LLMEngine:
         snap["num_blocks"] = self.kv_cache.num_blocks
         snap["free_blocks"] = self.prefix_cache.num_free_blocks()
         snap["evictable_blocks"] = self.prefix_cache.num_evictable_blocks()
+        if self.tiers is not None:
+            snap["tiers"] = self.tiers.store.stats()
         return snap
 
     def lookup(self, token_ids: list[int], cache_salt: str = "") -> dict[str, int]:
@@ -242,6 +266,8 @@ class LLMEngine:
         found = {"device": 0, "host": 0, "disk": 0, "redis": 0}
         match = self.prefix_cache.peek(ns, token_ids)
         found["device"] = match.num_tokens
+        if self.tiers is not None:
+            found.update(self.tiers.lookup(ns, token_ids, match.num_tokens, match.last_hash))
         return found
 
     def flush(self, cache_salt: str | None = None) -> int:
