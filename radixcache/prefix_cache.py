@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import numpy as np
 
@@ -11,36 +10,18 @@ from radixcache.block_pool import BlockPool, BlockPoolError
 from radixcache.hashing import Namespace, block_hashes
 from radixcache.integrity import check_integrity
 from radixcache.mrc import DEFAULT_RATIOS, MissRatioCurve
-from radixcache.policy import EvictionPolicy, LRUPolicy
+from radixcache.pinning import PinRegistry
+from radixcache.policy import EvictionPolicy, make_policy
 from radixcache.radix_node import Node
 from radixcache.radix_tree import HashFn, RadixTree, Victim
+from radixcache.results import (
+    EvictedBlock,
+    InsertResult,
+    MatchResult,
+    NodeHandle,
+    StaleHandleError,
+)
 from radixcache.stats import CacheStats, MissRatioPoint, NamespaceStats, PrefixInfo, prefix_info
-
-NodeHandle = Node
-
-
-class MatchResult(NamedTuple):
-    block_ids: list[int]
-    num_tokens: int
-    handle: NodeHandle
-    last_hash: int | None  # chained hash of the last matched block
-
-
-class InsertResult(NamedTuple):
-    block_ids: list[int]  # the tree's ids for all the caller's blocks
-    handle: NodeHandle  # deepest node: lock it, then unlock the old handle
-    duplicates: list[int]  # caller blocks the tree already held: still private, free them
-
-
-class EvictedBlock(NamedTuple):
-    block_id: int
-    namespace: Namespace
-    block_hash: int
-    tokens: list[int]
-
-
-class StaleHandleError(ValueError):
-    """A handle whose node was evicted (it was used without being locked)."""
 
 
 def _as_tuple(tokens: Sequence[int] | np.ndarray) -> tuple[int, ...]:
@@ -59,18 +40,20 @@ class PrefixCache:
         *,
         max_pinned_fraction: float = 0.5,
         on_evict: Callable[[list[EvictedBlock]], None] | None = None,
-        policy: EvictionPolicy | None = None,
+        policy: EvictionPolicy | str | None = None,
         hash_fn: HashFn = block_hashes,
         mrc_sample_rate: float | None = -1.0,
     ) -> None:
-        """`mrc_sample_rate`: share of blocks the miss-ratio curve samples; None turns it off,
+        """`policy`: an EvictionPolicy or its name ("lru", the default, or "freq-ageing").
+        `mrc_sample_rate`: share of blocks the miss-ratio curve samples; None turns it off,
         the default samples one block per 4,096 tokens."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_pinned_blocks = int(max_pinned_fraction * num_blocks)
         self.on_evict = on_evict
         self.pool = BlockPool(num_blocks)
-        policy = policy or LRUPolicy()
+        if policy is None or isinstance(policy, str):
+            policy = make_policy(policy or "lru")
         policy.attach(num_blocks)
         if mrc_sample_rate is not None and mrc_sample_rate < 0:
             mrc_sample_rate = min(1.0, block_size / 4096)
@@ -78,9 +61,9 @@ class PrefixCache:
         if mrc_sample_rate is not None:
             mrc = MissRatioCurve(mrc_sample_rate, max_blocks=int(max(DEFAULT_RATIOS) * num_blocks))
         self.tree = RadixTree(block_size, policy, hash_fn, mrc)
+        self.pins = PinRegistry(self.tree, self.max_pinned_blocks)
         self._ns_stats: dict[Namespace, NamespaceStats] = {}
         self._private_locks: dict[int, Node] = {}  # cached block with private refs -> locked node
-        self._pins: dict[tuple[Namespace, tuple[int, ...]], list[Node]] = {}
 
     # --- block ownership ---
     def num_free_blocks(self) -> int:
@@ -209,37 +192,11 @@ class PrefixCache:
     def pin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
         """Pin the cached prefix of `tokens` (capped by max_pinned_fraction); tokens pinned."""
         self._check_ns(ns)
-        toks = _as_tuple(tokens)
-        n = len(toks) // self.block_size
-        walk = self.tree.walk(ns, toks, n)
-        node = self._trim_to_pin_cap(walk.path) if walk.path else walk.node
-        if node.parent is None:
-            return 0
-        self.tree.add_refs(node, 0, 1)
-        self._pins.setdefault((ns, tuple(toks[: n * self.block_size])), []).append(node)
-        return node.end_depth
+        return self.pins.pin(ns, _as_tuple(tokens))
 
     def unpin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
         """Undo one earlier pin of the same tokens; tokens unpinned."""
-        toks = _as_tuple(tokens)
-        key = (ns, tuple(toks[: len(toks) // self.block_size * self.block_size]))
-        held = self._pins.get(key)
-        if not held:
-            return 0
-        node = held.pop()
-        if not held:
-            del self._pins[key]
-        self.tree.add_refs(node, 0, -1)
-        return node.end_depth
-
-    def _trim_to_pin_cap(self, path: list[Node]) -> Node:
-        room = self.max_pinned_blocks - self.tree.num_pinned
-        for node in path:
-            extra = len(node.blocks) if node.pin_ref == 0 else 0
-            if extra > room:
-                return self.tree.split(node, room) if room > 0 else node.parent  # type: ignore[return-value]
-            room -= extra
-        return path[-1]
+        return self.pins.unpin(ns, _as_tuple(tokens))
 
     # --- maintenance and analytics ---
     def flush(self, ns: Namespace | None = None) -> int:

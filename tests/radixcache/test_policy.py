@@ -79,3 +79,8 @@ def test_pins_and_locks_are_never_chosen(name: str):
 def test_unknown_policy_name():
     with pytest.raises(ValueError):
         make_policy("fifo")
+
+
+def test_policy_by_name_and_default():
+    assert PrefixCache(4, BS).stats().policy == "lru"
+    assert PrefixCache(4, BS, policy="freq-ageing").stats().policy == "freq-ageing"
