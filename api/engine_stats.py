@@ -15,7 +15,7 @@ class NamespaceCounters:
 
 @dataclass(frozen=True)
 class TierOccupancy:
-    used_blocks: int = 0
+    used_blocks: int | None = None  # device: blocks held; spill tiers count bytes
     capacity_blocks: int | None = None
     used_bytes: int | None = None
     capacity_bytes: int | None = None
@@ -62,6 +62,12 @@ def _tier_stats(snap: dict) -> dict[str, dict]:
     return {name: t for name, t in tiers.items() if name != "store" and isinstance(t, dict)}
 
 
+def _tier_capacity(engine: Any, name: str) -> int | None:
+    tiers = getattr(getattr(engine, "config", None), "tiers", None)
+    budget = {"host": "host_bytes", "disk": "disk_bytes"}.get(name)
+    return getattr(tiers, budget, None) if tiers is not None and budget else None
+
+
 def read_counters(engine: Any) -> EngineCounters:
     """One snapshot of the engine's counters (blocking: call it off the event loop)."""
     snap = engine.stats()
@@ -74,9 +80,7 @@ def read_counters(engine: Any) -> EngineCounters:
     for name, t in _tier_stats(snap).items():
         evictions[name] = int(t.get("evictions", 0))
         occupancy[name] = TierOccupancy(
-            used_blocks=int(t.get("blocks", 0)),
-            used_bytes=int(t.get("used_bytes", 0)),
-            capacity_bytes=t.get("capacity_bytes"),
+            used_bytes=int(t.get("used_bytes", 0)), capacity_bytes=_tier_capacity(engine, name)
         )
         by_tier.setdefault(name, 0)
     namespaces = {

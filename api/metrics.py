@@ -52,9 +52,16 @@ class EngineCollector(Collector):
         used = GaugeMetricFamily(
             f"{PREFIX}_cache_used_blocks", "KV blocks held by a tier", labels=["tier"]
         )
+        used_bytes = GaugeMetricFamily(
+            f"{PREFIX}_cache_used_bytes", "Bytes held by a spill tier", labels=["tier"]
+        )
         for tier, occ in sorted(c.occupancy.items()):
-            used.add_metric([tier], occ.used_blocks)
+            if occ.used_blocks is not None:
+                used.add_metric([tier], occ.used_blocks)
+            if occ.used_bytes is not None:
+                used_bytes.add_metric([tier], occ.used_bytes)
         yield used
+        yield used_bytes
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
