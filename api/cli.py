@@ -33,6 +33,15 @@ def human(n: int) -> str:
     return str(n)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows '(default: X)' only where there is a meaningful default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, [], argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="radixcache",
@@ -45,44 +54,66 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the OpenAI-compatible server. With no options: the default model "
         "(downloaded on first start), the device KV pool plus a disk tier under the cache folder "
         "($RADIXCACHE_HOME or ~/.cache/radixcache), listening on 127.0.0.1:8000.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     _model_args(serve)
     _tier_args(serve)
     _server_args(serve)
     pull = sub.add_parser("pull", help="download and convert the default model into the cache")
-    pull.add_argument("--cache-dir", type=Path, default=None, help="default: the cache folder")
+    pull.add_argument("--cache-dir", type=Path, default=None, help="omitted: the cache folder")
     return parser
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and KV pool")
-    g.add_argument("--model", default=None, help="Llama-family HF folder (default: SmolLM2-135M)")
-    g.add_argument("--served-model-name", default=None, help="model name clients use")
-    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    g.add_argument(
+        "--model",
+        default=None,
+        help="Llama-family HF folder; omitted: SmolLM2-135M-Instruct, fetched on first start",
+    )
+    g.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model name clients use; omitted: the model folder's name",
+    )
+    g.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float16", "float32"],
+        help="weights and KV cache dtype",
+    )
     g.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     g.add_argument(
         "--kv-memory",
         type=parse_size,
-        default=parse_size("1G"),
+        default="1G",
         help="bytes for the device KV pool (e.g. 512M, 2G)",
     )
     g.add_argument("--num-blocks", type=int, default=None, help="KV blocks (overrides --kv-memory)")
-    g.add_argument("--max-model-len", type=int, default=None, help="context window (tokens)")
+    g.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context window in tokens; omitted: the model's",
+    )
     g.add_argument("--max-num-seqs", type=int, default=16, help="sequences run together")
     g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     g.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
-    g.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    g.add_argument(
+        "--threads", type=int, default=None, help="torch threads; omitted: torch's default"
+    )
 
 
 def _tier_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("spill tiers below the device pool")
-    g.add_argument("--host-tier-bytes", type=parse_size, default=0, help="host RAM tier (0 = off)")
     g.add_argument(
-        "--disk-path", type=Path, default=None, help="disk tier folder (default: <cache folder>/kv)"
+        "--host-tier-bytes", type=parse_size, default=0, help="host RAM tier budget (0 = off)"
     )
-    g.add_argument("--disk-bytes", type=parse_size, default=parse_size("4G"), help="disk budget")
+    g.add_argument(
+        "--disk-path", type=Path, default=None, help="disk tier folder; omitted: <cache folder>/kv"
+    )
+    g.add_argument("--disk-bytes", type=parse_size, default="4G", help="disk budget")
     g.add_argument("--no-disk", action="store_true", help="no disk tier")
     g.add_argument("--redis-url", default=None, help="Redis tier, e.g. redis://localhost:6379/0")
     g.add_argument(
@@ -116,10 +147,12 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-body-bytes",
         type=parse_size,
-        default=parse_size("4M"),
+        default="4M",
         help="larger request bodies get 413",
     )
-    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="uvicorn"
+    )
 
 
 def tier_config(args: argparse.Namespace) -> Any:
