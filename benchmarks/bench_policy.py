@@ -210,8 +210,12 @@ def mrc_table(trace: list[list[int]], exact: dict[int, float]) -> dict:
     uniq = bi.unique_blocks(trace)
     pool = round(0.10 * uniq)
     rate = 512 / 4096  # the PrefixCache default: one sampled block per 4,096 tokens
-    on = bi.replay(trace, pool, LRUPolicy(), mrc_sample_rate=rate)
-    off = bi.replay(trace, pool, LRUPolicy())
+    runs = {"on": [], "off": []}
+    for _ in range(2):  # alternate, keep the fastest: the machine is shared
+        for label, r in (("off", None), ("on", rate)):
+            runs[label].append(bi.replay(trace, pool, LRUPolicy(), mrc_sample_rate=r))
+    on = min(runs["on"], key=lambda r: r["seconds"])
+    off = min(runs["off"], key=lambda r: r["seconds"])
     estimated = on["cache"].miss_ratio_curve(MRC_RATIOS)
     rows = []
     for p in estimated:
@@ -247,16 +251,19 @@ def mrc_table(trace: list[list[int]], exact: dict[int, float]) -> dict:
 def mrc_overhead_small_blocks() -> dict:
     """Sampling overhead on the block-size-16 shared-prefix trace (engine-like requests)."""
     reqs = bi.shared_prefix_trace(random.Random(2))
-    out = {}
-    for label, rate in (("off", None), ("on", BS / 4096)):
-        cache = PrefixCache(sum(len(r) for r in reqs) // BS + 1, BS, mrc_sample_rate=rate)
-        t0 = time.thread_time()
-        for toks in reqs:
-            m = cache.match(bi.NS, toks[:-1])
-            blocks = cache.allocate(len(toks) // BS - len(m.block_ids))
-            res = cache.insert(bi.NS, toks, m.block_ids + blocks)
-            cache.free(res.duplicates)
-        out[label] = (time.thread_time() - t0) / len(reqs) * 1e6
+    bi.settle()
+    out: dict = {"off": [], "on": []}
+    for _ in range(5):  # alternate, keep the fastest: the machine is shared
+        for label, rate in (("off", None), ("on", BS / 4096)):
+            cache = PrefixCache(sum(len(r) for r in reqs) // BS + 1, BS, mrc_sample_rate=rate)
+            t0 = time.thread_time()
+            for toks in reqs:
+                m = cache.match(bi.NS, toks[:-1])
+                blocks = cache.allocate(len(toks) // BS - len(m.block_ids))
+                res = cache.insert(bi.NS, toks, m.block_ids + blocks)
+                cache.free(res.duplicates)
+            out[label].append((time.thread_time() - t0) / len(reqs) * 1e6)
+    out["off"], out["on"] = min(out["off"]), min(out["on"])
     out["overhead"] = out["on"] / out["off"] - 1
     print(
         f"\nsampling overhead, block size 16 shared-prefix trace: {out['off']:.1f} -> "

@@ -33,11 +33,16 @@ class MissRatioCurve:
         self.owner: dict[int, int] = {}  # time -> the hash referenced then
         self.distances: dict[int, int] = {}  # sampled stack distance -> references
         self.references = 0  # sampled references, hits and misses
+        self.total = 0  # all block references, sampled or not (for the SHARDS_adj correction)
 
     def sample(self, hashes: Iterable[int]) -> tuple[int, ...]:
         """The hashes of `hashes` that are sampled (computed once per node, at insert)."""
         thr = self.threshold
         return tuple(h for h in hashes if h & 0xFFFFFFFF < thr)
+
+    def count(self, n: int) -> None:
+        """n block references happened (sampled or not)."""
+        self.total += n
 
     def reference(self, sampled: Sequence[int]) -> None:
         """Record references to these sampled hashes (shallowest first)."""
@@ -68,11 +73,16 @@ class MissRatioCurve:
 
     def hit_rate(self, size_blocks: int) -> float:
         """Estimated LRU block hit rate at `size_blocks`."""
-        if not self.references:
+        # SHARDS_adj: the gap between the expected and the actual number of sampled references
+        # (mostly a few very hot blocks that the sample caught or missed) counts as hits at
+        # distance 0, and rates are taken over the expected number.
+        expected = self.rate * self.total if self.total else self.references
+        if expected <= 0:
             return 0.0
         limit = size_blocks * self.rate
         hits = sum(n for d, n in self.distances.items() if d < limit)
-        return hits / self.references
+        hits += expected - self.references
+        return min(1.0, max(0.0, hits / expected))
 
     def curve(self, num_blocks: int, ratios: Sequence[float] = DEFAULT_RATIOS) -> list[tuple]:
         """(size in blocks, size / num_blocks, estimated hit rate) at each ratio."""

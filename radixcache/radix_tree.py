@@ -121,7 +121,7 @@ class RadixTree:
         self.tick += 1
         tick, now, policy, hit = self.tick, time.time(), self.policy, matched_tokens > 0
         if self.mrc is not None:
-            self._sample_path(path, hit)
+            self._sample_path(path, matched_tokens)
         for node in path:
             node.last_access = tick
             node.last_used = now
@@ -153,8 +153,10 @@ class RadixTree:
                 self.collisions += index.setdefault(h, b) != b
         self.policy.on_insert(node, self.tick)
         if self.mrc is not None:
+            self.mrc.total += len(blocks)
             node.sampled = self.mrc.sample(hashes)
-            self.mrc.reference(node.sampled)
+            if node.sampled:
+                self.mrc.reference(node.sampled)
         self._refresh(node)
         if parent.set_key is not None:
             self._unlist(parent)
@@ -194,11 +196,15 @@ class RadixTree:
             node.sampled = node.sampled[len(upper.sampled) :]
         return upper
 
-    def _sample_path(self, path: list[Node], hit: bool) -> None:
-        sampled = [h for node in path for h in node.sampled]
-        if sampled:
-            assert self.mrc is not None
-            (self.mrc.reference if hit else self.mrc.touch)(sampled)
+    def _sample_path(self, path: list[Node], matched_tokens: int) -> None:
+        mrc = self.mrc
+        assert mrc is not None
+        if matched_tokens:
+            mrc.total += matched_tokens // self.block_size
+        parts = [node.sampled for node in path if node.sampled]
+        if parts:
+            sampled = [h for part in parts for h in part]
+            (mrc.reference if matched_tokens else mrc.touch)(sampled)
 
     # --- references ---
     def add_refs(self, node: Node, locks: int, pins: int) -> None:

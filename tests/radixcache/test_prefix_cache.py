@@ -248,3 +248,23 @@ def test_divergence_anywhere_in_a_long_node(diverge: int):
     assert m.block_ids == base.block_ids[:diverge] and m.num_tokens == diverge * BS
     assert cache.peek(NS, query).block_ids == base.block_ids[:diverge]
     cache.check_integrity()
+
+
+def test_forked_siblings_commit_the_same_private_blocks():
+    """The engine's parallel-sampling flow: a sibling that finds its shared private blocks
+    already adopted (same ids, is_cached) frees its own reference after locking the path."""
+    cache = PrefixCache(8, BS)
+    blocks = cache.allocate(2)
+    cache.incref(blocks)  # parent and child both hold them
+    parent = cache.insert(NS, seq(0, 2), blocks)
+    cache.lock(parent.handle)
+    shared = [b for b in blocks if cache.is_cached(b)]
+    child = cache.insert(NS, seq(0, 2), blocks)
+    assert child.block_ids == blocks and child.duplicates == [] and shared == blocks
+    cache.lock(child.handle)
+    cache.free(shared)  # the child's private references
+    cache.unlock(parent.handle)
+    assert cache.num_evictable_blocks() == 0  # still locked by the child
+    cache.unlock(child.handle)
+    assert cache.num_evictable_blocks() == 2
+    cache.check_integrity()
