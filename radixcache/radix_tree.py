@@ -210,11 +210,11 @@ class RadixTree:
     def add_refs(self, node: Node, locks: int, pins: int) -> None:
         """Add lock/pin references to every node on the path root..node."""
         while node.parent is not None:
+            if node.lock_ref + locks < 0 or node.pin_ref + pins < 0:  # the deepest node first
+                raise ValueError(f"{node} unlocked or unpinned more often than held")
             was_l, was_p = node.lock_ref > 0, node.pin_ref > 0
             node.lock_ref += locks
             node.pin_ref += pins
-            if node.lock_ref < 0 or node.pin_ref < 0:
-                raise ValueError(f"{node} unlocked or unpinned more often than held")
             is_l, is_p = node.lock_ref > 0, node.pin_ref > 0
             n = len(node.blocks)
             self.num_locked += n * (is_l - was_l)
