@@ -154,7 +154,8 @@ def bench_bandwidth(server: RedisServer, num_blocks: int, repeats: int) -> list[
 # --- engine helpers ---
 def tier_store(llm: LLM) -> TieredStore | None:
     """The TieredStore the engine built from its TierConfig."""
-    return getattr(llm.engine, "tiers", None)
+    bridge = llm.engine.tiers
+    return None if bridge is None else bridge.store
 
 
 def make_llm(tiers: TierConfig | None, **kw: object) -> LLM:
@@ -218,7 +219,7 @@ def bench_loadback(server: RedisServer, tmp: Path, sizes: list[int], repeats: in
                     "speedup": rec / ld,
                 }
             )
-        tier_store(llm).close()
+        llm.engine.close()
     table(
         f"Load-back vs recompute: TTFT (s) of a prompt whose prefix lives only in one tier, "
         f"median of {repeats} (default model, bfloat16)",
@@ -295,7 +296,7 @@ def bench_chat(server: RedisServer, tmp: Path, users: int, turns: int) -> list[d
             {"config": name, "device_blocks": device_blocks, **run_chat(llm, users, turns, 7)}
         )
         if tier_store(llm) is not None:
-            tier_store(llm).close()
+            llm.engine.close()
     cols = ["hit_rate_device", "hit_rate_host", "hit_rate_disk", "hit_rate_redis"]
     table(
         f"Multi-round chat: {users} users x {turns} turns (512-token system prompt, 64-token "
@@ -336,6 +337,9 @@ def main() -> None:
                 results["bandwidth"] = bench_bandwidth(
                     server, 128 if args.quick else 512, 3 if args.quick else 7
                 )
+            if "chat" in sections:
+                users, turns = (8, 3) if args.quick else (32, 4)
+                results["chat"] = bench_chat(server, Path(tmp), users, turns)
         finally:
             server.stop()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

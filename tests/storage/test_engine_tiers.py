@@ -1,0 +1,214 @@
+"""End to end: the engine with spill tiers below a device pool far smaller than the working set.
+
+Tiny random-weight llama (float32, 4-token blocks); greedy outputs with tiers on must equal the
+outputs with the cache off, and the tiers' counters must show the load-backs and the faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.llm import LLM
+from engine.sampling import SamplingParams
+from storage.codec import HEADER_SIZE
+from storage.config import TierConfig
+from storage.tiered import TieredStore
+from tests.engine.conftest import make_tiny_model
+from tests.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parents[2]
+PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+ENGINE = {"dtype": "float32", "block_size": 4, "max_num_seqs": 2, "seed": 0}
+DEVICE_BLOCKS = 32  # the prompts below need ~60 distinct blocks
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tier_model") / "llama", "llama")
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    rng = random.Random(0)
+    shared = [rng.randrange(3, 250) for _ in range(24)]
+    return [shared + [rng.randrange(3, 250) for _ in range(24)] for _ in range(8)]
+
+
+@pytest.fixture(scope="module")
+def expected(model: Path, prompts: list[list[int]]) -> list[list[int]]:
+    ref = LLM(str(model), **ENGINE | {"num_blocks": 128}, enable_prefix_caching=False)
+    return token_ids(ref.generate(prompts, PARAMS))
+
+
+def token_ids(outputs: list) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def tier_store(llm: LLM) -> TieredStore:
+    store = llm.engine.tiers.store
+    assert isinstance(store, TieredStore)
+    return store
+
+
+def tiered_llm(model: Path, tiers: TierConfig) -> LLM:
+    return LLM(str(model), **ENGINE, num_blocks=DEVICE_BLOCKS, tiers=tiers)
+
+
+def settle(llm: LLM) -> dict[str, dict[str, float]]:
+    """Empty the device cache into the tiers, wait for the writes; the tier counters."""
+    llm.engine.flush()
+    store = tier_store(llm)
+    assert store.wait_idle(30)
+    return store.stats()
+
+
+def tier_config(kind: str, tmp: Path, url: str, **kw: object) -> TierConfig:
+    if kind == "host":
+        return TierConfig(host_bytes=1 << 24, **kw)
+    if kind == "disk":
+        return TierConfig(disk_path=tmp / "disk", **kw)
+    if kind == "redis":
+        return TierConfig(redis_url=url, redis_prefix=f"e2e-{tmp.name}", **kw)
+    return TierConfig(
+        host_bytes=20_000, disk_path=tmp / "disk", disk_bytes=40_000, redis_url=url, **kw
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["host", "disk", "redis", "chain"])
+def test_load_back_equals_cache_off(
+    model: Path, prompts, expected, tmp_path: Path, redis_server: RedisServer, kind: str
+) -> None:
+    llm = tiered_llm(model, tier_config(kind, tmp_path, redis_server.url))
+    for _ in range(2):  # the second round finds most of its blocks evicted to the tiers
+        outs = llm.generate(prompts, PARAMS)
+        assert token_ids(outs) == expected
+    stats = settle(llm)
+    lower = {name: s["hits"] for name, s in stats.items() if name != "store"}
+    assert sum(lower.values()) > 0, stats
+    if kind != "chain":
+        assert lower[kind] > 0
+    from_tiers = sum(n for o in outs for t, n in o.cached_tokens_by_tier.items() if t != "device")
+    assert from_tiers > 0
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected  # all from the tiers
+    llm.engine.close()
+
+
+def test_restart_on_the_same_disk_folder_gets_disk_hits(
+    model: Path, prompts, expected, tmp_path: Path
+) -> None:
+    cfg = TierConfig(disk_path=tmp_path / "disk")
+    first = tiered_llm(model, cfg)
+    assert token_ids(first.generate(prompts, PARAMS)) == expected
+    settle(first)
+    first.engine.close()
+    del first
+    second = tiered_llm(model, cfg)
+    outs = second.generate(prompts, PARAMS)
+    assert token_ids(outs) == expected
+    assert outs[0].cached_tokens_by_tier.get("disk", 0) >= 40  # 48-token prompt, 4-token blocks
+    assert tier_store(second).stats()["disk"]["hits"] > 0
+    second.engine.close()
+
+
+FIRST_PROCESS = """
+import json, sys
+from engine.llm import LLM
+from engine.sampling import SamplingParams
+from storage.config import TierConfig
+model, url, prompts, out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+tiers = TierConfig(redis_url=url, redis_prefix="shared", write_policy="write-through")
+llm = LLM(model, dtype="float32", block_size=4, max_num_seqs=2, seed=0, num_blocks=32, tiers=tiers)
+p = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+ids = [o.outputs[0].token_ids for o in llm.generate(prompts, p)]
+llm.engine.close()
+open(out, "w").write(json.dumps(ids))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_redis(
+    model: Path, prompts, expected, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    out = tmp_path / "first.json"
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    args = [str(model), redis_server.url, json.dumps(prompts), str(out)]
+    subprocess.run([sys.executable, "-c", FIRST_PROCESS, *args], check=True, env=env, timeout=300)
+    assert json.loads(out.read_text()) == expected
+    tiers = TierConfig(redis_url=redis_server.url, redis_prefix="shared")
+    second = tiered_llm(model, tiers)
+    outs = second.generate(prompts, PARAMS)
+    assert token_ids(outs) == expected
+    assert outs[0].cached_tokens_by_tier.get("redis", 0) >= 40
+    assert tier_store(second).stats()["redis"]["hits"] > 0
+    second.engine.close()
+
+
+def test_redis_killed_mid_workload(
+    model: Path, prompts, expected, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    cfg = TierConfig(redis_url=redis_server.url, redis_cooldown_s=0.0, redis_timeout_s=0.5)
+    llm = tiered_llm(model, cfg)
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    settle(llm)
+    redis_server.kill()
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    stats = settle(llm)["redis"]
+    assert stats["errors"] >= 1 and stats["breaker_opens"] >= 1
+    redis_server.start()  # back, empty: the tier refills and serves again
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    settle(llm)
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    assert tier_store(llm).stats()["redis"]["hits"] > stats["hits"]
+    llm.engine.close()
+
+
+def test_corrupt_disk_files_are_recomputed_and_counted(
+    model: Path, prompts, expected, tmp_path: Path
+) -> None:
+    llm = tiered_llm(model, TierConfig(disk_path=tmp_path / "disk"))
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    settle(llm)
+    files = sorted((tmp_path / "disk").rglob("*.kv"))
+    assert files
+    for i, f in enumerate(files):
+        data = bytearray(f.read_bytes())
+        if i % 2:
+            data[HEADER_SIZE + i % 64] ^= 0x10  # one flipped bit
+        else:
+            del data[len(data) // 2 :]  # truncated
+        f.write_bytes(bytes(data))
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    stats = settle(llm)["disk"]
+    assert stats["corrupt"] > 0
+    llm.engine.close()
+
+
+def test_tiny_disk_budget_stops_writes_serving_continues(
+    model: Path, prompts, expected, tmp_path: Path
+) -> None:
+    llm = tiered_llm(model, TierConfig(disk_path=tmp_path / "disk", disk_bytes=100))
+    for _ in range(2):
+        assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    stats = settle(llm)["disk"]
+    assert stats["rejected_writes"] > 0 and stats["blocks_written"] == 0
+    assert not list((tmp_path / "disk").rglob("*.kv"))
+    llm.engine.close()
+
+
+def test_namespaces_isolated_through_the_engine(
+    model: Path, prompts, expected, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    llm = tiered_llm(model, tier_config("chain", tmp_path, redis_server.url))
+    assert token_ids(llm.generate(prompts, PARAMS, cache_salt="tenant-a")) == expected
+    settle(llm)
+    outs = llm.generate(prompts, PARAMS, cache_salt="tenant-b")
+    assert token_ids(outs) == expected
+    assert outs[0].num_cached_tokens == 0
+    llm.engine.close()
