@@ -4,6 +4,7 @@ Public API (what the engine uses):
     TierConfig(host_bytes, disk_path, disk_bytes, redis_url, write_policy, deadline_s, ...)
     TieredStore(config)
         .store(ns, [(block_hash, kv)])                  on device eviction; copies, never blocks
+        .write_through / .publish(ns, [(block_hash, kv)]) computed blocks to Redis at once
         .load_prefix(ns, hashes, deadline_s=None, shape=None) -> LoadResult(tiers, blocks)
         .locate(ns, hashes) -> [tier name]; .lookup_tokens(ns, hashes) -> {tier: tokens}
         .stats() -> {tier name: counters, "store": counters}; .wait_idle(); .close()
