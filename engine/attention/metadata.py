@@ -28,26 +28,51 @@ class AdditiveMask:
 
 
 @dataclass
+class BlockRun:
+    """Block ids to read keys from; `span` = (first, end) when they are consecutive ids, so the
+    cache can be sliced (a view) instead of gathered (a copy)."""
+
+    ids: torch.Tensor  # int64 [num_blocks]
+    span: tuple[int, int] | None
+
+    @staticmethod
+    def of(blocks: list[int], device) -> BlockRun:
+        consecutive = all(b == blocks[0] + i for i, b in enumerate(blocks))
+        span = (blocks[0], blocks[0] + len(blocks)) if blocks and consecutive else None
+        return BlockRun(torch.tensor(blocks, dtype=torch.int64, device=device), span)
+
+
+@dataclass
 class SharedPrefix:
     """Sequences whose block tables start with the same full blocks, all cached before this step:
     every new token of theirs attends all of those keys, so they are attended once for the group."""
 
     rows: torch.Tensor  # int64 [R]: rows of q of every member's new tokens
-    block_ids: torch.Tensor  # int64 [num_blocks]
+    blocks: BlockRun
     num_tokens: int  # num_blocks * block_size
 
 
 @dataclass
+class CausalBatch:
+    """n sequences with L new tokens each and no other keys than those (beyond a shared prefix):
+    plain causal attention, batched. Their rows are rows[i * L : (i + 1) * L] for sequence i."""
+
+    rows: torch.Tensor | slice  # n * L rows of q (a slice when consecutive)
+    n: int
+    length: int
+
+
+@dataclass
 class PrefillSegment:
-    """One sequence with more than one new token: q rows [start, end) attend keys
-    [key_start, ctx_len) here (keys [0, key_start) through its SharedPrefix, if any)."""
+    """One sequence with more than one new token and cached keys of its own: q rows
+    [start, end) attend keys [key_start, ctx_len) (keys [0, key_start) via its SharedPrefix)."""
 
     start: int
     end: int
     key_start: int
     ctx_len: int
-    block_ids: torch.Tensor | None  # blocks holding keys [key_start, ...); None: keys = new tokens
-    mask: AdditiveMask | None  # [L, ctx_len - key_start] causal with offset; None: plain causal
+    blocks: BlockRun  # blocks holding keys [key_start, ctx_len)
+    mask: AdditiveMask  # [L, ctx_len - key_start] causal with offset
 
 
 @dataclass
@@ -75,6 +100,7 @@ class AttentionMetadata:
     seq_lens_list: list[int]
     # the torch backend's plan (built when cpu_plan=True)
     shared: list[SharedPrefix] = field(default_factory=list)
+    causal: list[CausalBatch] = field(default_factory=list)
     prefills: list[PrefillSegment] = field(default_factory=list)
     decode: DecodePlan | None = None
 
@@ -124,16 +150,27 @@ def _shared_prefixes(
 
 
 def _prefill_segment(start, qlen, slen, key_start, blocks, bs, device) -> PrefillSegment:
-    end = start + qlen
-    if slen - key_start == qlen:  # every key is a new token: plain causal attention
-        return PrefillSegment(start, end, key_start, slen, None, None)
     first, last = key_start // bs, -(-slen // bs)
-    block_ids = torch.tensor(blocks[first:last], dtype=torch.int64, device=device)
     key_pos = torch.arange(key_start, slen)
     query_pos = torch.arange(slen - qlen, slen)
     mask = AdditiveMask.from_bool(key_pos[None, :] <= query_pos[:, None])
     mask.float32 = mask.float32.to(device)
-    return PrefillSegment(start, end, key_start, slen, block_ids, mask)
+    run = BlockRun.of(blocks[first:last], device)
+    return PrefillSegment(start, start + qlen, key_start, slen, run, mask)
+
+
+def _causal_batches(starts_by_len: dict[int, list[int]], device) -> list[CausalBatch]:
+    batches = []
+    for length, starts in starts_by_len.items():
+        consecutive = all(s == starts[0] + i * length for i, s in enumerate(starts))
+        if consecutive:
+            rows: torch.Tensor | slice = slice(starts[0], starts[0] + len(starts) * length)
+        else:
+            rows = torch.from_numpy(np.concatenate([np.arange(s, s + length) for s in starts])).to(
+                device
+            )
+        batches.append(CausalBatch(rows, len(starts), length))
+    return batches
 
 
 def _decode_plan(decodes, cu, seq_lens, key_starts, tables, bs, device) -> DecodePlan:
@@ -167,17 +204,20 @@ def _build_cpu_plan(meta: AttentionMetadata, tables: list[list[int]], device) ->
         meta.shared.append(
             SharedPrefix(
                 rows=torch.from_numpy(rows).to(device),
-                block_ids=torch.tensor(blocks, dtype=torch.int64, device=device),
+                blocks=BlockRun.of(blocks, device),
                 num_tokens=len(blocks) * bs,
             )
         )
-    decodes = []
+    decodes, causal_starts = [], {}
     for b, (qlen, slen) in enumerate(zip(query_lens, seq_lens, strict=True)):
         if qlen == 1:
             decodes.append(b)
+        elif qlen > 1 and slen - key_starts[b] == qlen:  # its only other keys: its new tokens
+            causal_starts.setdefault(qlen, []).append(int(cu[b]))
         elif qlen > 1:
             seg = _prefill_segment(int(cu[b]), qlen, slen, key_starts[b], tables[b], bs, device)
             meta.prefills.append(seg)
+    meta.causal = _causal_batches(causal_starts, device)
     if decodes:
         meta.decode = _decode_plan(decodes, cu, seq_lens, key_starts, tables, bs, device)
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata, DecodePlan, PrefillSegment, SharedPrefix
+from engine.attention.metadata import (
+    AttentionMetadata,
+    BlockRun,
+    CausalBatch,
+    DecodePlan,
+    PrefillSegment,
+    SharedPrefix,
+)
 
 
 def write_kv(
@@ -24,6 +31,13 @@ def write_kv(
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     # cache [num_blocks, bs, Hkv, D] -> [len(block_ids) * bs, Hkv, D]
     return cache.index_select(0, block_ids).flatten(0, 1)
+
+
+def _keys(cache: torch.Tensor, run: BlockRun) -> torch.Tensor:
+    """[num_blocks * bs, Hkv, D]: a view when the blocks are consecutive, else a gather."""
+    if run.span is not None:
+        return cache[run.span[0] : run.span[1]].flatten(0, 1)
+    return _gather(cache, run.ids)
 
 
 def _math_attention(q, k, v, mask, causal, scale):
@@ -70,8 +84,10 @@ class TorchAttention:
         t, hq, _ = q.shape
         out = torch.empty_like(q)
         lse = torch.empty(t, hq, dtype=torch.float32, device=q.device) if meta.shared else None
+        for batch in meta.causal:
+            self._causal(q, k, v, batch, scale, out, lse)
         for seg in meta.prefills:
-            o, seg_lse = self._prefill(q, k, v, k_cache, v_cache, seg, scale)
+            o, seg_lse = self._prefill(q, k_cache, v_cache, seg, scale)
             out[seg.start : seg.end] = o
             if lse is not None:
                 lse[seg.start : seg.end] = seg_lse
@@ -85,22 +101,35 @@ class TorchAttention:
         return out
 
     @staticmethod
-    def _prefill(q, k, v, k_cache, v_cache, seg: PrefillSegment, scale: float):
-        hkv, d = k.shape[1], k.shape[2]
+    def _causal(q, k, v, batch: CausalBatch, scale: float, out, lse) -> None:
+        n, length, (_, hq, d), hkv = batch.n, batch.length, q.shape, k.shape[1]
+        rows = batch.rows
+        qs, ks, vs = (x[rows] for x in (q, k, v))
+        # GQA folded into the batch: q [n * Hkv, G, L, D]; k/v [n * Hkv, G (stride 0), L, D]
+        qs = qs.view(n, length, hkv, -1, d).permute(0, 2, 3, 1, 4).reshape(n * hkv, -1, length, d)
+        ks = ks.view(n, length, hkv, d).transpose(1, 2).reshape(n * hkv, 1, length, d)
+        vs = vs.view(n, length, hkv, d).transpose(1, 2).reshape(n * hkv, 1, length, d)
+        group = qs.shape[1]
+        ks, vs = ks.expand(-1, group, -1, -1), vs.expand(-1, group, -1, -1)
+        o, o_lse = attend(qs, ks, vs, None, True, scale)
+        o = o.reshape(n, hq, length, d).transpose(1, 2).reshape(n * length, hq, d)
+        out[rows] = o
+        if lse is not None:
+            lse[rows] = o_lse.reshape(n, hq, length).transpose(1, 2).reshape(n * length, hq)
+
+    @staticmethod
+    def _prefill(q, k_cache, v_cache, seg: PrefillSegment, scale: float):
+        hkv, d = k_cache.shape[2], k_cache.shape[3]
         length = seg.end - seg.start
         qs = q[seg.start : seg.end].permute(1, 0, 2).unflatten(0, (hkv, -1))  # [Hkv, G, L, D]
-        if seg.block_ids is None:  # keys are exactly this step's new tokens
-            ks, vs = k[seg.start : seg.end], v[seg.start : seg.end]
-        else:
-            n = seg.ctx_len - seg.key_start
-            offset = seg.key_start % k_cache.shape[1]
-            ks = _gather(k_cache, seg.block_ids)[offset : offset + n]
-            vs = _gather(v_cache, seg.block_ids)[offset : offset + n]
+        n = seg.ctx_len - seg.key_start
+        offset = seg.key_start % k_cache.shape[1]
+        ks = _keys(k_cache, seg.blocks)[offset : offset + n]
+        vs = _keys(v_cache, seg.blocks)[offset : offset + n]
         group = qs.shape[1]
         ks = ks.permute(1, 0, 2).unsqueeze(1).expand(hkv, group, -1, d)  # GQA: stride-0 expand
         vs = vs.permute(1, 0, 2).unsqueeze(1).expand(hkv, group, -1, d)
-        mask = seg.mask.to(q.dtype) if seg.mask is not None else None
-        o, lse = attend(qs, ks, vs, mask, seg.mask is None, scale)
+        o, lse = attend(qs, ks, vs, seg.mask.to(q.dtype), False, scale)
         # o [Hkv, G, L, D] -> [L, Hq, D]; lse [Hkv, G, L] -> [L, Hq]
         return o.flatten(0, 1).transpose(0, 1), lse.reshape(-1, length).transpose(0, 1)
 
@@ -130,8 +159,8 @@ class TorchAttention:
         r = qr.shape[0]
         # every row attends every prefix key: stack rows x G query heads as one query sequence
         qs = qr.view(r, hkv, -1, d).transpose(0, 1).reshape(1, hkv, -1, d)  # [1, Hkv, R*G, D]
-        ks = _gather(k_cache, group.block_ids).permute(1, 0, 2).unsqueeze(0)  # [1, Hkv, P, D]
-        vs = _gather(v_cache, group.block_ids).permute(1, 0, 2).unsqueeze(0)
+        ks = _keys(k_cache, group.blocks).permute(1, 0, 2).unsqueeze(0)  # [1, Hkv, P, D]
+        vs = _keys(v_cache, group.blocks).permute(1, 0, 2).unsqueeze(0)
         o, lse = attend(qs, ks, vs, None, False, scale)
         o = o.view(hkv, r, -1, d).transpose(0, 1).reshape(r, -1, d)  # [R, Hq, D]
         return o, lse.view(hkv, r, -1).transpose(0, 1).reshape(r, -1)

@@ -14,6 +14,13 @@ from engine.models.config import ModelConfig
 from engine.models.rope import RotaryEmbedding, apply_rope
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) * weight over the last dim (float32 statistics)."""
+    inv = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+    inv = inv.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
+    return (x * inv.to(x.dtype)).mul_(weight)
+
+
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
@@ -45,27 +52,28 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         h: torch.Tensor,  # [T, hidden] residual stream
-        cos: torch.Tensor,  # [T, 1, rotary_dim / 2]
-        sin: torch.Tensor,
+        cos: torch.Tensor,  # [T, 1, head_dim]
+        sin: torch.Tensor,  # [T, 1, rotary_dim / 2]
         k_cache: torch.Tensor,  # [num_blocks, bs, Hkv, D]
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         attn: AttentionBackend,
     ) -> torch.Tensor:
         t = h.shape[0]
-        x = F.rms_norm(h, h.shape[-1:], self.input_layernorm, self.eps)
+        x = rms_norm(h, self.input_layernorm, self.eps)
         qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        # q and k heads side by side: [T, Hq + Hkv, D] (a view), roped in one go
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q = F.rms_norm(q, q.shape[-1:], self.q_norm, self.eps)
-            k = F.rms_norm(k, k.shape[-1:], self.k_norm, self.eps)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q = rms_norm(qk[:, : self.num_heads], self.q_norm, self.eps)
+            k = rms_norm(qk[:, self.num_heads :], self.k_norm, self.eps)
+            qk = torch.cat([q, k], dim=1)
+        qk = apply_rope(qk, cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)
         h = h + F.linear(o.view(t, self.q_size), self.o_proj, self.o_bias)
-        x = F.rms_norm(h, h.shape[-1:], self.post_attention_layernorm, self.eps)
+        x = rms_norm(h, self.post_attention_layernorm, self.eps)
         gate, up = F.linear(x, self.gate_up_proj, self.gate_up_bias).chunk(2, dim=-1)
         return h + F.linear(F.silu(gate) * up, self.down_proj, self.down_bias)
 
@@ -108,7 +116,7 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = self.rope.lookup(positions, meta.max_seqlen_k)
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, kv_cache[i, 0], kv_cache[i, 1], meta, self.attention)
-        return F.rms_norm(h, h.shape[-1:], self.norm, self.config.rms_norm_eps)
+        return rms_norm(h, self.norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -82,15 +82,20 @@ def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding:
-    """cos/sin table [max_positions, rotary_dim / 2] grown on demand (by powers of two)."""
+    """cos/sin tables [max_positions, head_dim] grown on demand (by powers of two).
+
+    cos is laid out as [cos, cos, 1...] and sin as [sin, pad...] so that rotate-half RoPE of a
+    head is x * cos + [-x2, x1] * sin on the rotary dims, and the identity on the others.
+    """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         self.inv_freq, self.scaling = rope_inv_freq(config)
         self.inv_freq = self.inv_freq.to(device)
+        self.head_dim = config.head_dim
         self.dtype = dtype
         self.device = device
-        self.cos = torch.empty(0, self.inv_freq.numel(), dtype=dtype, device=device)
-        self.sin = self.cos
+        self.cos = torch.empty(0, self.head_dim, dtype=dtype, device=device)
+        self.sin = torch.empty(0, self.inv_freq.numel(), dtype=dtype, device=device)
         self.ensure(min(config.max_position_embeddings, 4096))
 
     def ensure(self, num_positions: int) -> None:
@@ -99,22 +104,25 @@ class RotaryEmbedding:
         size = 1 << max(num_positions - 1, 1).bit_length()
         t = torch.arange(size, dtype=torch.int64, device=self.device).float()
         freqs = torch.outer(t, self.inv_freq)
-        self.cos = (freqs.cos() * self.scaling).to(self.dtype)
+        cos = (freqs.cos() * self.scaling).to(self.dtype)
+        half = cos.shape[1]
+        self.cos = torch.ones(size, self.head_dim, dtype=self.dtype, device=self.device)
+        self.cos[:, :half] = cos
+        self.cos[:, half : 2 * half] = cos
         self.sin = (freqs.sin() * self.scaling).to(self.dtype)
 
     def lookup(
         self, positions: torch.Tensor, max_position: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, rotary_dim / 2] for positions [T] (all < max_position)."""
+        """cos [T, 1, head_dim], sin [T, 1, rotary_dim / 2] for positions [T] (< max_position)."""
         self.ensure(max_position)
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on x [T, H, D] (first 2 * cos.shape[-1] dims); returns a new tensor."""
-    half = cos.shape[-1]
-    x1, x2 = x[..., :half], x[..., half : 2 * half]
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    if 2 * half == x.shape[-1]:
-        return rotated
-    return torch.cat((rotated, x[..., 2 * half :]), dim=-1)
+    """Rotate-half RoPE of x [T, H, D] (any strides) -> a new contiguous tensor (3 kernels)."""
+    half = sin.shape[-1]
+    out = x * cos
+    out[..., :half].addcmul_(x[..., half : 2 * half], sin, value=-1.0)
+    out[..., half : 2 * half].addcmul_(x[..., :half], sin)
+    return out

@@ -9,17 +9,20 @@ import torch
 from engine.attention import TorchAttention, build_attention_metadata, compute_positions
 
 
-def make_batch(seed, query_lens, prefix_lens, block_size, hq, hkv, d, groups=None):
+def make_batch(seed, query_lens, prefix_lens, block_size, hq, hkv, d, groups=None, ordered=False):
     """Random q/k/v for the new tokens and random cached prefixes in a paged cache.
 
     groups[b] (optional): sequences with the same group id start with the same cached blocks
-    (as many as their cached prefix covers), like requests sharing a system prompt."""
+    (as many as their cached prefix covers), like requests sharing a system prompt.
+    ordered: hand out consecutive block ids (the cache is then sliced, not gathered)."""
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     num_blocks = 160
     k_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen)
     v_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen)
-    free = [int(b) for b in rng.permutation(num_blocks)]
+    free = (
+        list(range(num_blocks))[::-1] if ordered else [int(b) for b in rng.permutation(num_blocks)]
+    )
     group_blocks = {g: [free.pop() for _ in range(8)] for g in set(groups or []) if g is not None}
     tables, full_k, full_v = [], [], []
     for i, (qlen, plen) in enumerate(zip(query_lens, prefix_lens, strict=True)):
@@ -71,13 +74,15 @@ CASES = [
     ([6, 1, 9, 1, 3, 1], [16, 21, 16, 9, 30, 12], 4, 6, 3, 16, [0, 0, 0, 1, 1, None]),
     ([1, 5, 2, 1], [32, 33, 35, 8], 8, 4, 4, 32, [2, 2, 2, 2]),
     ([4, 4, 1], [3, 3, 3], 4, 4, 2, 16, [0, 0, 0]),  # nothing whole to share
+    ([5, 1, 5, 5, 2, 5], [0, 7, 0, 0, 0, 9], 4, 6, 2, 16, None),  # equal-length fresh prefills
+    ([7, 7, 1, 7], [16, 16, 20, 19], 8, 4, 2, 16, [1, 1, 1, 1]),  # batched after a shared prefix
 ]
 
 
-def run_case(case, dtype=torch.float32):
+def run_case(case, dtype=torch.float32, ordered=False):
     query_lens, prefix_lens, bs, hq, hkv, d, groups = case
     q, k, v, k_cache, v_cache, tables, full_k, full_v = make_batch(
-        len(query_lens), query_lens, prefix_lens, bs, hq, hkv, d, groups
+        len(query_lens), query_lens, prefix_lens, bs, hq, hkv, d, groups, ordered
     )
     seq_lens = [a + b for a, b in zip(query_lens, prefix_lens, strict=True)]
     meta = build_attention_metadata(query_lens, seq_lens, tables, bs)
@@ -88,9 +93,10 @@ def run_case(case, dtype=torch.float32):
     return out, ref, meta, args
 
 
+@pytest.mark.parametrize("ordered", [False, True], ids=["scattered", "consecutive"])
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
-def test_torch_backend_matches_dense_reference(case):
-    out, ref, meta, (_, k, v, k_cache, v_cache) = run_case(case)
+def test_torch_backend_matches_dense_reference(case, ordered):
+    out, ref, meta, (_, k, v, k_cache, v_cache) = run_case(case, ordered=ordered)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     # the new tokens' K/V landed at their slots
     hkv, d = k.shape[1:]
@@ -102,6 +108,18 @@ def test_shared_prefix_groups_are_found():
     _, _, meta, _ = run_case(CASES[7])
     assert sorted(len(g.rows) for g in meta.shared) == [4, 16]
     assert sorted(g.num_tokens for g in meta.shared) == [8, 16]
+    _, _, meta, _ = run_case(CASES[11], ordered=True)
+    assert [(b.n, b.length, b.rows) for b in meta.causal] == [(2, 7, slice(0, 14))]
+    assert [len(p.mask.float32) for p in meta.prefills] == [7]  # seq 3: 3 cached tokens of its own
+    assert meta.shared[0].blocks.span is not None
+
+
+def test_equal_length_prefills_are_batched():
+    _, _, meta, _ = run_case(CASES[10])
+    batches = {b.length: b for b in meta.causal}
+    assert batches[5].n == 3 and batches[5].rows.tolist() == [*range(0, 5), *range(6, 16)]
+    assert batches[2].n == 1 and batches[2].rows == slice(16, 18)
+    assert [(p.start, p.end) for p in meta.prefills] == [(18, 23)]
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[7]], ids=["private", "shared"])
@@ -120,4 +138,5 @@ def test_metadata_positions_and_slots():
     assert meta.block_tables.dtype == torch.int32 and meta.slot_mapping.dtype == torch.int64
     assert (meta.max_seqlen_q, meta.max_seqlen_k) == (3, 9)
     assert meta.decode is not None and meta.decode.rows.tolist() == [3]
-    assert [(s.start, s.end, s.ctx_len) for s in meta.prefills] == [(0, 3, 3), (4, 6, 9)]
+    assert [(b.rows, b.n, b.length) for b in meta.causal] == [(slice(0, 3), 1, 3)]
+    assert [(s.start, s.end, s.ctx_len) for s in meta.prefills] == [(4, 6, 9)]

@@ -1,14 +1,18 @@
-"""The triton kernels, run by triton's CPU interpreter, against the torch backend / dense reference.
+"""The triton kernels, run by triton's CPU interpreter, against the dense reference.
 
-TRITON_INTERPRET=1 must be set before the kernels are decorated, so the kernel module is
-(re)loaded inside a fixture after setting it.
+TRITON_INTERPRET=1 must be set before triton is first imported (torch or transformers may import
+it early in a pytest process), so the checks run in one subprocess started with it set; each
+check is reported as its own test.
 """
 
 from __future__ import annotations
 
-import importlib
+import json
 import os
+import subprocess
 import sys
+import traceback
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,25 +21,7 @@ from engine.attention import build_attention_metadata
 
 from .test_attention import CASES, dense_reference, make_batch
 
-
-@pytest.fixture(scope="module")
-def kernels():
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        name = "engine.attention.triton_kernels"
-        module = sys.modules.get(name)
-        module = importlib.reload(module) if module else importlib.import_module(name)
-        from triton.runtime.interpreter import InterpretedFunction
-
-        assert isinstance(module._paged_attention_kernel, InterpretedFunction)
-        yield module
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-        sys.modules.pop("engine.attention.triton_kernels", None)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 TRITON_CASES = [
@@ -45,8 +31,7 @@ TRITON_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", TRITON_CASES, ids=[f"case{i}" for i in range(len(TRITON_CASES))])
-def test_triton_matches_dense_reference(kernels, case):
+def check_case(kernels, case):
     query_lens, prefix_lens, bs, hq, hkv, d, groups = case
     q, k, v, k_cache, v_cache, tables, full_k, full_v = make_batch(
         len(query_lens), query_lens, prefix_lens, bs, hq, hkv, d, groups
@@ -62,7 +47,7 @@ def test_triton_matches_dense_reference(kernels, case):
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_triton_store_kv_from_strided_views(kernels):
+def check_store_kv_from_strided_views(kernels):
     # v as the model hands it over: a column slice of the fused qkv output
     qkv = torch.randn(5, 3 * 2 * 8)
     k, v = qkv[:, 16:32].view(5, 2, 8), qkv[:, 32:].view(5, 2, 8)
@@ -73,7 +58,7 @@ def test_triton_store_kv_from_strided_views(kernels):
     torch.testing.assert_close(v_cache.view(-1, 2, 8)[slots], v)
 
 
-def test_triton_float16(kernels):
+def check_float16(kernels):
     query_lens, prefix_lens = [5, 1, 1], [9, 30, 0]
     q, k, v, k_cache, v_cache, tables, full_k, full_v = make_batch(
         7, query_lens, prefix_lens, 8, 4, 2, 16
@@ -88,7 +73,9 @@ def test_triton_float16(kernels):
     torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
 
 
-def test_model_with_triton_backend_matches_torch_backend(kernels, tmp_path):
+def check_model_with_triton_backend(kernels):
+    import tempfile
+
     import transformers
 
     from engine.attention import TorchAttention, compute_positions
@@ -105,8 +92,9 @@ def test_model_with_triton_backend_matches_torch_backend(kernels, tmp_path):
         max_position_embeddings=128,
     )
     torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
-    model = load_model(tmp_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp)
+        model = load_model(tmp)
 
     class Triton:
         def forward(self, q, k, v, k_cache, v_cache, meta, scale):
@@ -130,3 +118,47 @@ def test_model_with_triton_backend_matches_torch_backend(kernels, tmp_path):
             logits.append(model.compute_logits(model(ids, pos, kv, meta)))
         results.append(torch.cat(logits))
     torch.testing.assert_close(results[1], results[0], rtol=1e-4, atol=1e-4)
+
+
+CHECKS = {
+    **{
+        f"case{i}": (lambda kernels, c=case: check_case(kernels, c))
+        for i, case in enumerate(TRITON_CASES)
+    },
+    "store_kv_strided": check_store_kv_from_strided_views,
+    "float16": check_float16,
+    "model_triton_vs_torch": check_model_with_triton_backend,
+}
+
+
+def run_all() -> None:
+    """Entry point of the subprocess (TRITON_INTERPRET=1): one JSON line of results."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from engine.attention import triton_kernels
+
+    assert isinstance(triton_kernels._paged_attention_kernel, InterpretedFunction)
+    results = {}
+    for name, check in CHECKS.items():
+        try:
+            check(triton_kernels)
+            results[name] = "ok"
+        except Exception:  # reported by the test of that name
+            results[name] = traceback.format_exc()
+    print(json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    code = "from tests.engine.test_attention_triton import run_all; run_all()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_triton_kernel_in_interpreter(interpreted, name):
+    assert interpreted[name] == "ok", interpreted[name]
