@@ -11,13 +11,16 @@ _INCOMPLETE = "\ufffd"
 
 
 class Decoder(Protocol):
-    def decode(self, ids: list[int]) -> str: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Decoder | None, stop: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, tokenizer: Decoder | None, stop: tuple[str, ...] = (), skip_special: bool = True
+    ) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
+        self.skip_special = skip_special
         self.text = ""
         self.stopped = False  # a stop string was found; text is cut before it
         self._ids: list[int] = []
@@ -30,8 +33,9 @@ class IncrementalDetokenizer:
             return False
         self._ids.append(token_id)
         window = self._ids[self._prefix_offset :]
-        prefix_text = self.tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
-        new_text = self.tokenizer.decode(window)
+        decode, skip = self.tokenizer.decode, self.skip_special
+        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset], skip)
+        new_text = decode(window, skip)
         if len(new_text) <= len(prefix_text) or new_text.endswith(_INCOMPLETE):
             return False
         delta = new_text[len(prefix_text) :]

@@ -131,7 +131,7 @@ class LLMEngine:
         generator = None
         if params.seed is not None:
             generator = torch.Generator().manual_seed(params.seed * 1_000_003 + index)
-        detok = IncrementalDetokenizer(self.tokenizer, params.stop)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
         seq = Sequence(request, index, token_ids, len(request.prompt_token_ids), generator, detok)
         request.seqs.append(seq)
         return seq

@@ -128,7 +128,7 @@ def test_stop_string_params_accept_a_single_string():
 class CharTokenizer:
     """Token i decodes to chr(i); 0xFF splits a two-byte character across two tokens."""
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         out = bytearray()
         for i in ids:
             out += bytes([0xC3]) if i == 0xFF else (bytes([0xA9]) if i == 0xFE else chr(i).encode())
