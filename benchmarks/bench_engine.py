@@ -14,6 +14,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -233,6 +234,23 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def _stamp(row: dict) -> dict:
+    """Machine conditions of the run: the CPUs are shared, so the load matters."""
+    row["torch_threads"] = torch.get_num_threads()
+    row["load_average_1m"] = round(os.getloadavg()[0], 2)
+    return row
+
+
+def _merge(path: Path, rows: list[dict]) -> list[dict]:
+    """Rows of earlier runs (other workloads/dtypes) are kept; rows rerun now replace them."""
+    if not path.exists():
+        return rows
+    key = lambda r: (r["workload"], r["system"], r["dtype"])  # noqa: E731
+    fresh = {key(r) for r in rows}
+    old = [r for r in json.loads(path.read_text()).get("rows", []) if key(r) not in fresh]
+    return old + rows
+
+
 def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -244,8 +262,8 @@ def main() -> None:
     rows: list[dict] = []
     for workload in args.workloads:
         for dtype in args.dtypes:
-            for caching in (True, False):
-                rows.append(bench_engine(model, dtype, caching, workload, vocab).summary())
+            for caching in (mode == "on" for mode in args.modes):
+                rows.append(_stamp(bench_engine(model, dtype, caching, workload, vocab).summary()))
                 print_table(rows[-1:])
             for mode in ("on", "off"):
                 peer = PEER_VLLM_CPU.get((workload, dtype, mode))
@@ -262,15 +280,16 @@ def main() -> None:
                         }
                     )
             if args.hf_requests > 0:
-                rows.append(
-                    bench_transformers(model, dtype, workload, vocab, args.hf_requests).summary()
-                )
+                row = bench_transformers(model, dtype, workload, vocab, args.hf_requests)
+                rows.append(_stamp(row.summary()))
                 print_table(rows[-1:])
     print()
     print_table(rows)
     out = Path(__file__).parent / "results" / "engine.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    rows = _merge(out, rows)
     meta = {
+        "command": " ".join(sys.argv[1:]),
         "torch_threads": torch.get_num_threads(),
         "batched_tokens": args.batched_tokens,
         "load_average_at_end": os.getloadavg(),
@@ -285,6 +304,7 @@ if __name__ == "__main__":
     parser.add_argument("--workloads", nargs="+", default=["gsp", "mt"], choices=["gsp", "mt"])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     parser.add_argument("--hf-requests", type=int, default=8, help="requests run by transformers")
+    parser.add_argument("--modes", nargs="+", default=["on", "off"], choices=["on", "off"])
     parser.add_argument("--batched-tokens", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     args = parser.parse_args()
