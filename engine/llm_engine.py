@@ -4,6 +4,7 @@ Single-threaded: the offline LLM calls step() in a loop; the AsyncEngine calls i
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from radixcache.hashing import Namespace
 from radixcache.prefix_cache import PrefixCache
 
 DEFAULT_KV_CACHE_MEMORY = 1 << 30
+log = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -156,7 +158,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch.seqs:
-            return []
+            return self._unblock()
         stats = self._batch_stats(batch)
         result = self.runner.execute(batch)
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
@@ -191,6 +193,18 @@ class LLMEngine:
         stats.step_time = time.perf_counter() - t0
         self.stats.record(stats)
         return outputs
+
+    def _unblock(self) -> list[RequestOutput]:
+        """Nothing runs, yet the head of the queue cannot be admitted (pinned blocks hold the
+        pool): abort it rather than spin forever."""
+        if self.scheduler.running or not self.scheduler.waiting:
+            return []
+        request_id = self.scheduler.waiting[0].request.request_id
+        log.warning(
+            "request %s cannot get KV blocks (pinned prefixes hold them): aborted", request_id
+        )
+        out = self.abort(request_id)
+        return [out] if out is not None else []
 
     def _batch_stats(self, batch: ScheduledBatch) -> StepStats:
         stats = StepStats(batch_size=len(batch.seqs), num_preempted=batch.num_preempted)

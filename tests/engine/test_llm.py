@@ -178,3 +178,16 @@ def test_chat_uses_template_and_stops_at_eos(tiny_llama):
     expected = llm.tokenizer.apply_chat_template(messages)
     assert out.prompt_token_ids == expected
     assert out.outputs[0].finish_reason in ("stop", "length")
+
+
+def test_request_blocked_by_pinned_blocks_is_aborted_not_spun(tiny_llama):
+    llm = _llm(tiny_llama, num_blocks=16)
+    prompt = _tokens(36, 40)
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1))
+    cache = llm.engine.prefix_cache
+    assert cache.pin(llm.engine.namespace, prompt) == 8 * BS  # capped at half the pool
+    out = llm.generate([_tokens(40, 41)], GREEDY)[0]
+    assert out.outputs[0].finish_reason == "abort"
+    cache.unpin(llm.engine.namespace, prompt)
+    assert llm.generate([_tokens(40, 41)], GREEDY)[0].outputs[0].finish_reason == "length"
+    _assert_all_released(llm)
