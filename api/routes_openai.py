@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -130,7 +131,7 @@ async def completions(request: Request) -> Response:
     salt = caller.cache_salt(req.cache_salt)
     jobs = []
     for prompt in prompts:
-        ids = encode_prompt(engine.tokenizer, prompt)
+        ids = await asyncio.to_thread(encode_prompt, engine.tokenizer, prompt)  # off the loop
         max_tokens = resolve_max_tokens(
             req.max_tokens, len(ids), engine.max_model_len, COMPLETION_DEFAULT_MAX_TOKENS
         )
@@ -175,7 +176,7 @@ async def chat_completions(request: Request) -> Response:
     req = parse_body(await request.body(), ChatCompletionRequest)
     check_model(req.model, state.served_names)
     engine = state.engine
-    ids = _chat_prompt_ids(engine, req)
+    ids = await asyncio.to_thread(_chat_prompt_ids, engine, req)  # off the event loop
     requested = req.max_completion_tokens or req.max_tokens
     max_tokens = resolve_max_tokens(requested, len(ids), engine.max_model_len, None)
     top = (req.top_logprobs or 0) if req.logprobs else None
