@@ -11,7 +11,7 @@ hit rate (cached / prompt tokens from `usage`). Prints a table and writes
 benchmarks/results/serving.json.
 
     python benchmarks/bench_serving.py                       # DESIGN shapes (a few minutes)
-    python benchmarks/bench_serving.py --gsp-groups 2 --mt-users 2 --concurrency 1,4  # quick
+    python benchmarks/bench_serving.py --quick               # 2 groups / 2 users, same shapes
 """
 
 from __future__ import annotations
@@ -268,8 +268,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gsp-prompts", type=int, default=8, help="prompts per group")
     p.add_argument("--mt-users", type=int, default=8)
     p.add_argument("--mt-turns", type=int, default=4)
+    p.add_argument("--quick", action="store_true", help="2 GSP groups and 2 MT users (same shapes)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
+    if args.quick:
+        args.gsp_groups, args.mt_users = 2, 2
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.workloads = [w for w in args.workloads.split(",") if w]
     args.cache_modes = [c == "on" for c in args.cache.split(",")]
@@ -296,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
             "MT-small": f"{args.mt_users} users x {args.mt_turns} turns, 512 + 64/turn, 32 out",
         },
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "load_average_at_end": os.getloadavg(),
         "runs": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
