@@ -175,41 +175,52 @@ def bench_transformers(model: Path, dtype: str, workload: str, vocab: int, limit
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
     hf.eval()
-    if workload == "gsp":
-        prompts = gsp_prompts(vocab)
-    else:
-        system, turns = mt_turns(vocab)
-        prompts = [system + turns[0][u] for u in range(8)]  # first turn only (no shared history)
-    total_requests = len(prompts) if workload == "gsp" else 32
-    prompts = prompts[:limit]
-    t0 = time.monotonic()
-    ttfts, out_tokens = [], 0
-    for p in prompts:
-        streamer = FirstToken()
+    service: list[float] = []  # seconds per request
+    first: list[float] = []  # seconds from a request's start to its first token
+
+    def run(prompt: list[int]) -> list[int]:
+        streamer, start = FirstToken(), time.monotonic()
         with torch.inference_mode():
             out = hf.generate(
-                torch.tensor([p]),
+                torch.tensor([prompt]),
                 max_new_tokens=OUT_TOKENS,
                 min_new_tokens=OUT_TOKENS,
                 do_sample=False,
                 streamer=streamer,
                 pad_token_id=0,
             )
-        ttfts.append(streamer.first - t0)
-        out_tokens += out.shape[1] - len(p)
-    elapsed = time.monotonic() - t0
-    scale = total_requests / len(prompts)
-    note = (
-        f"measured {len(prompts)} of {total_requests} requests, total scaled" if scale > 1 else ""
-    )
+        service.append(time.monotonic() - start)
+        first.append(streamer.first - start)
+        return out[0, len(prompt) :].tolist()
+
+    out_tokens = 0
+    if workload == "gsp":
+        total, wave = 64, 64  # all 64 submitted at once
+        for p in gsp_prompts(vocab)[:limit]:
+            out_tokens += len(run(p))
+    else:  # whole conversations (each with its own answers) for limit // 4 users
+        total, wave = 32, 8  # each turn: 8 requests submitted together
+        system, turns = mt_turns(vocab)
+        for u in range(max(1, limit // 4)):
+            history = list(system)
+            for t in range(4):
+                prompt = history + turns[t][u]
+                answer = run(prompt)
+                out_tokens += len(answer)
+                history = prompt + answer
+    scale = total / len(service)
+    per_request, to_first = statistics.fmean(service), statistics.fmean(first)
+    # one at a time: the i-th request of a wave starts when the one before it ends
+    ttfts = [(i % wave) * per_request + to_first for i in range(total)]
+    note = f"measured {len(service)} of {total} requests; total and TTFT scaled from them"
     return Row(
         workload,
         "transformers generate (1 at a time)",
         dtype,
-        elapsed * scale,
+        sum(service) * scale,
         int(out_tokens * scale),
         ttfts,
-        note=note,
+        note=note if scale > 1 else "",
     )
 
 
@@ -304,7 +315,7 @@ if __name__ == "__main__":
     parser.add_argument("--workloads", nargs="+", default=["gsp", "mt"], choices=["gsp", "mt"])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     parser.add_argument("--hf-requests", type=int, default=8, help="requests run by transformers")
-    parser.add_argument("--modes", nargs="+", default=["on", "off"], choices=["on", "off"])
+    parser.add_argument("--modes", nargs="*", default=["on", "off"], choices=["on", "off"])
     parser.add_argument("--batched-tokens", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     args = parser.parse_args()
