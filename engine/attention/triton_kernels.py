@@ -172,7 +172,7 @@ def paged_attention(q, k_cache, v_cache, out, meta, scale: float) -> None:
         NUM_KV_HEADS=hkv,
         GROUP=hq // hkv,
         HEAD_DIM=d,
-        BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_D=max(16, triton.next_power_of_2(d)),  # tl.dot needs K >= 16 on GPUs
         BLOCK_SIZE=k_cache.shape[1],
         BLOCK_M=block_m,
         BLOCK_N=64,

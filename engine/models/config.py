@@ -37,6 +37,13 @@ class RopeConfig:
         return RopeConfig(theta=float(theta), rope_type=str(rope_type), **kwargs)
 
 
+def _sliding_window(raw: dict[str, Any]) -> int | None:
+    window = raw.get("sliding_window")
+    if window is None or (raw.get("model_type") == "qwen2" and not raw.get("use_sliding_window")):
+        return None
+    return int(window)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     model_type: str
@@ -55,6 +62,9 @@ class ModelConfig:
     o_proj_bias: bool  # Llama's attention_bias also puts a bias on o_proj
     mlp_bias: bool
     qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    # Mistral/Qwen2 sliding-window attention is not implemented: the engine must not serve
+    # sequences longer than this (None: full attention)
+    sliding_window: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None
@@ -98,6 +108,7 @@ class ModelConfig:
             o_proj_bias=bias and model_type != "qwen2",
             mlp_bias=bool(raw.get("mlp_bias", False)),
             qk_norm=model_type == "qwen3",
+            sliding_window=_sliding_window(raw),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),

@@ -88,6 +88,9 @@ def test_config_parsing_variants():
     assert legacy.eos_token_ids == (7, 9) and legacy.head_dim == 8
     qwen3 = ModelConfig.from_dict(transformers.Qwen3Config(**TINY, head_dim=16).to_dict())
     assert qwen3.qk_norm and qwen3.head_dim == 16 and not qwen3.attention_bias
+    mistral = ModelConfig.from_dict(transformers.MistralConfig(**TINY, sliding_window=64).to_dict())
+    assert mistral.sliding_window == 64
+    assert ModelConfig.from_dict(transformers.Qwen2Config(**TINY).to_dict()).sliding_window is None
     with pytest.raises(ValueError, match="unsupported model_type"):
         ModelConfig.from_dict(dict(model_type="gpt2", **TINY))
 
