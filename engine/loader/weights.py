@@ -79,9 +79,14 @@ def _targets(model: LlamaForCausalLM) -> dict[str, tuple[torch.Tensor, slice]]:
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    *,
+    prepack: bool = True,
 ) -> LlamaForCausalLM:
-    """Build the decoder for the folder's config.json and copy its weights in (fused qkv/gate_up)."""
+    """Build the decoder for the folder's config.json and copy its weights in (fused qkv/gate_up).
+    prepack: on CPU in bfloat16, hold the projections in oneDNN's packed layout."""
     path = Path(path)
     config = ModelConfig.from_file(path)
     model = LlamaForCausalLM(config, dtype=dtype, device=device)
@@ -101,6 +106,8 @@ def load_model(
     if missing:
         raise ValueError(f"missing tensors in {path}: {sorted(missing)[:5]} ...")
     model.model_id = f"{config.model_type}-{model_digest(path)}"
+    if prepack:
+        model.prepack()
     return model
 
 

@@ -21,6 +21,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (x * inv.to(x.dtype)).mul_(weight)
 
 
+_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's blocked layout of a [out, in] weight (saves a reorder on every CPU matmul)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed
+) -> torch.Tensor:
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
@@ -48,6 +64,13 @@ class DecoderLayer(nn.Module):
         self.gate_up_bias = _param(2 * c.intermediate_size, **kw) if c.mlp_bias else None
         self.down_proj = _param(c.hidden_size, c.intermediate_size, **kw)
         self.down_bias = _param(c.hidden_size, **kw) if c.mlp_bias else None
+        self.packed: dict[str, torch.Tensor] = {}  # projection name -> oneDNN weight (CPU bf16)
+
+    def prepack(self) -> None:
+        """Swap the projection weights for oneDNN-packed copies (the plain ones are freed)."""
+        for name in _PROJECTIONS:
+            self.packed[name] = pack_weight(getattr(self, name).data)
+            getattr(self, name).data = torch.empty(0, dtype=self.packed[name].dtype)
 
     def forward(
         self,
@@ -61,7 +84,8 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         t = h.shape[0]
         x = rms_norm(h, self.input_layernorm, self.eps)
-        qkv = F.linear(x, self.qkv_proj, self.qkv_bias)
+        packed = self.packed
+        qkv = linear(x, self.qkv_proj, self.qkv_bias, packed.get("qkv_proj"))
         # q and k heads side by side: [T, Hq + Hkv, D] (a view), roped in one go
         qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
@@ -72,10 +96,13 @@ class DecoderLayer(nn.Module):
         qk = apply_rope(qk, cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)
-        h = h + F.linear(o.view(t, self.q_size), self.o_proj, self.o_bias)
+        h = h + linear(o.view(t, self.q_size), self.o_proj, self.o_bias, packed.get("o_proj"))
         x = rms_norm(h, self.post_attention_layernorm, self.eps)
-        gate, up = F.linear(x, self.gate_up_proj, self.gate_up_bias).chunk(2, dim=-1)
-        return h + F.linear(F.silu(gate) * up, self.down_proj, self.down_bias)
+        gate_up = linear(x, self.gate_up_proj, self.gate_up_bias, packed.get("gate_up_proj"))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return h + linear(
+            F.silu(gate) * up, self.down_proj, self.down_bias, packed.get("down_proj")
+        )
 
 
 class LlamaForCausalLM(nn.Module):
@@ -101,6 +128,7 @@ class LlamaForCausalLM(nn.Module):
             if config.tie_word_embeddings
             else _param(config.vocab_size, config.hidden_size, **kw)
         )
+        self.packed_lm_head: torch.Tensor | None = None
         self.rope = RotaryEmbedding(config, dtype, device)
         self.attention = attention or make_attention_backend(device)
 
@@ -121,7 +149,19 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, hidden] (the rows to sample) -> float32 logits [S, vocab]."""
-        return F.linear(hidden, self.lm_head).float()
+        return linear(hidden, self.lm_head, None, self.packed_lm_head).float()
+
+    def prepack(self) -> bool:
+        """On CPU in bfloat16, hold the projections in oneDNN's packed layout (~1.3x faster
+        matmuls for decode-sized batches; same results). Returns whether it packed."""
+        if self.device.type != "cpu" or self.dtype != torch.bfloat16:
+            return False
+        if not torch.backends.mkldnn.is_available():
+            return False
+        for layer in self.layers:
+            layer.prepack()
+        self.packed_lm_head = pack_weight(self.lm_head.data)
+        return True
 
     def make_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
         """A zeroed KV cache of the contract's layout for this model."""

@@ -9,6 +9,7 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from engine.attention import build_attention_metadata, compute_positions
 from engine.loader import load_model, load_tokenizer, model_digest
 from engine.models.config import ModelConfig
 
@@ -45,11 +46,22 @@ def test_sharded_folder_loads_every_tensor(tmp_path):
     assert model.config.attention_bias and not model.config.o_proj_bias
 
 
-def test_bfloat16_load(tmp_path):
+def test_bfloat16_load_with_and_without_packed_weights(tmp_path):
     save_tiny(tmp_path, tie_word_embeddings=True)
-    model = load_model(tmp_path, torch.bfloat16, "cpu")
-    assert model.embed_tokens.dtype == torch.bfloat16
-    assert model.lm_head is model.embed_tokens
+    packed = load_model(tmp_path, torch.bfloat16, "cpu")
+    plain = load_model(tmp_path, torch.bfloat16, "cpu", prepack=False)
+    assert packed.embed_tokens.dtype == torch.bfloat16
+    assert packed.lm_head is packed.embed_tokens
+    assert packed.layers[0].packed and not plain.layers[0].packed
+    outs = []
+    for model in (packed, plain):
+        kv = model.make_kv_cache(8, 4)
+        for query_lens, seq_lens in (([5, 3], [5, 3]), ([1, 1], [6, 4])):
+            meta = build_attention_metadata(query_lens, seq_lens, [[0, 1], [2, 3]], 4)
+            pos = torch.from_numpy(compute_positions(query_lens, seq_lens))
+            ids = torch.arange(sum(query_lens)) * 7 % 64
+            outs.append(model.compute_logits(model(ids, pos, kv, meta)))
+    torch.testing.assert_close(torch.cat(outs[:2]), torch.cat(outs[2:]), rtol=2e-2, atol=2e-2)
 
 
 def test_model_id_is_stable_and_tracks_weights(tmp_path):
