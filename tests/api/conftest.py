@@ -3,7 +3,9 @@ with the tiny random-weight Llama of the engine tests (float32, small KV pool)."
 
 from __future__ import annotations
 
+import random
 import socket
+import string
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ import uvicorn
 from api.app import create_app
 from api.config import ApiConfig
 from engine.config import EngineConfig
+from engine.llm import LLM
 from tests.engine.conftest import make_tiny_model
 
 API_KEYS = {"sk-alice": "alice", "sk-bob": "bob"}
@@ -95,6 +98,12 @@ def wait_healthy(handle: Server, timeout_s: float = 120.0) -> None:
     raise RuntimeError("server did not become healthy")
 
 
+def fresh_text(n: int, seed: int) -> str:
+    """n random ASCII characters (n tokens with the byte-level tiny tokenizer)."""
+    rng = random.Random(seed)
+    return "".join(rng.choice(string.ascii_letters + " ") for _ in range(n))
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("api_model") / "llama", "llama")
@@ -113,6 +122,20 @@ def auth_server(tiny_model: Path) -> Iterator[Server]:
     handle = start_server(engine_config(tiny_model), cfg)
     yield handle
     handle.stop()
+
+
+@pytest.fixture(scope="session")
+def offline(tiny_model: Path) -> LLM:
+    """The offline LLM API on the same model and settings: the reference for server outputs."""
+    return LLM(
+        str(tiny_model),
+        dtype="float32",
+        num_blocks=NUM_BLOCKS,
+        block_size=BLOCK_SIZE,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=8,
+        max_num_batched_tokens=1024,
+    )
 
 
 @pytest.fixture()

@@ -6,8 +6,7 @@ import re
 
 import httpx
 
-from tests.api.conftest import BLOCK_SIZE, Server
-from tests.api.test_openai import fresh_text
+from tests.api.conftest import BLOCK_SIZE, Server, fresh_text
 
 
 def metric(text: str, name: str, labels: str = "") -> float:

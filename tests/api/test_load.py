@@ -13,8 +13,7 @@ import pytest
 
 from api.config import ApiConfig
 from engine.sampling import SamplingParams
-from tests.api.conftest import Server, engine_config, start_server
-from tests.api.test_openai import fresh_text, offline  # noqa: F401  (fixture)
+from tests.api.conftest import Server, engine_config, fresh_text, start_server
 
 LONG = 480  # tokens: a generation that runs long enough to be interrupted
 
@@ -49,7 +48,7 @@ def long_body(server: Server, **kw) -> dict:
     }
 
 
-def test_32_concurrent_streaming_clients(server, offline) -> None:  # noqa: F811
+def test_32_concurrent_streaming_clients(server, offline) -> None:
     shared = fresh_text(40, 41)
     prompts = [shared + fresh_text(10 + i % 7, 100 + i) for i in range(32)]
     expected = [

@@ -4,30 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
-import string
-from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
 
-from engine.llm import LLM
 from engine.sampling import SamplingParams
-from tests.api.conftest import BLOCK_SIZE, MAX_MODEL_LEN, NUM_BLOCKS, Server
-
-
-@pytest.fixture(scope="module")
-def offline(tiny_model: Path) -> Iterator[LLM]:
-    yield LLM(
-        str(tiny_model),
-        dtype="float32",
-        num_blocks=NUM_BLOCKS,
-        block_size=BLOCK_SIZE,
-        max_model_len=MAX_MODEL_LEN,
-        max_num_seqs=8,
-        max_num_batched_tokens=1024,
-    )
+from tests.api.conftest import BLOCK_SIZE, Server, fresh_text
 
 
 @pytest.fixture()
@@ -38,11 +20,6 @@ def client(server: Server) -> openai.OpenAI:
 @pytest.fixture()
 def aclient(server: Server) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-def fresh_text(n: int, seed: int) -> str:
-    rng = random.Random(seed)
-    return "".join(rng.choice(string.ascii_letters + " ") for _ in range(n))
 
 
 def greedy(max_tokens: int = 12, **kw) -> SamplingParams:

@@ -11,9 +11,8 @@ import pytest
 
 from api.config import ApiConfig
 from storage.config import TierConfig
-from tests.api.conftest import BLOCK_SIZE, Server, engine_config, start_server
+from tests.api.conftest import BLOCK_SIZE, Server, engine_config, fresh_text, start_server
 from tests.api.test_cache_routes import metric
-from tests.api.test_openai import fresh_text
 
 HOST_BYTES = 16 << 20
 
