@@ -121,3 +121,22 @@ def test_shared_prefix_in_flight_is_computed_once():
         _step(sched)
     assert b.num_cached_tokens == 12  # all three shared blocks came from the tree
     cache.check_integrity()
+
+
+def test_insert_duplicates_switch_to_the_tree_blocks_and_free_ours():
+    sched, cache = _setup(num_blocks=16)
+    tokens = list(range(70, 79))  # 2 full blocks + 1
+    a, b = _seq(tokens, rid="a"), _seq(tokens, rid="b")
+    for seq in (a, b):  # both admitted before either computed anything
+        assert sched.blocks.admit(seq, 64)
+        seq.num_computed_tokens = len(tokens)
+    sched.blocks.commit(a)
+    b_private = list(b.block_ids[:2])
+    sched.blocks.commit(b)
+    assert b.block_ids[:2] == a.block_ids[:2] != b_private
+    assert cache.num_free_blocks() == 16 - 2 - 2  # tree blocks + one partial block each
+    cache.check_integrity()
+    sched.remove(a)
+    sched.remove(b)
+    assert cache.num_free_blocks() + cache.num_evictable_blocks() == 16
+    cache.check_integrity()
