@@ -94,7 +94,7 @@ def test_weights_agree_with_transformers_gguf_conversion(default_model_path, ggu
     config.pop("_model_name_or_path", None)
     skeleton = transformers.LlamaForCausalLM(transformers.AutoConfig.for_model(**config))
     ref = load_gguf_checkpoint(str(gguf_file), return_tensors=True, model_to_load=skeleton)
-    model = load_model(default_model_path)
+    model = load_model(default_model_path, prepack=False)
     ours = dict(model.named_parameters())
     ref = ref["tensors"]
     assert torch.equal(ours["embed_tokens"], ref["model.embed_tokens.weight"])
