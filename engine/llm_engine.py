@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from engine.analytics import CacheAnalytics
 from engine.block_manager import BlockManager, NoCacheBlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -29,7 +30,7 @@ DEFAULT_KV_CACHE_MEMORY = 1 << 30
 log = logging.getLogger(__name__)
 
 
-class LLMEngine:
+class LLMEngine(CacheAnalytics):
     def __init__(self, config: EngineConfig) -> None:
         from engine.loader import ensure_default_model, load_model, load_tokenizer
 
@@ -261,34 +262,3 @@ class LLMEngine:
         if reason is not None:
             seq.finish_reason = reason
             self.scheduler.remove(seq)
-
-    # --- analytics (call on the engine's thread) ---
-    def stats_snapshot(self) -> dict:
-        snap = self.stats.snapshot()
-        snap["running"] = len(self.scheduler.running)
-        snap["waiting"] = len(self.scheduler.waiting)
-        snap["num_blocks"] = self.kv_cache.num_blocks
-        snap["free_blocks"] = self.prefix_cache.num_free_blocks()
-        snap["evictable_blocks"] = self.prefix_cache.num_evictable_blocks()
-        if self.tiers is not None:
-            snap["tiers"] = self.tiers.store.stats()
-        return snap
-
-    def lookup(self, token_ids: list[int], cache_salt: str = "") -> dict[str, int]:
-        """Tokens of this prompt's prefix cached per tier, without running or locking it."""
-        ns = self.namespace_for(cache_salt)
-        found = {"device": 0, "host": 0, "disk": 0, "redis": 0}
-        match = self.prefix_cache.peek(ns, token_ids)
-        found["device"] = match.num_tokens
-        if self.tiers is not None:
-            found.update(self.tiers.lookup(ns, token_ids, match.num_tokens, match.last_hash))
-        return found
-
-    def flush(self, cache_salt: str | None = None) -> int:
-        return self.prefix_cache.flush(
-            None if cache_salt is None else self.namespace_for(cache_salt)
-        )
-
-    def hottest_prefixes(self, limit: int = 10, cache_salt: str | None = None) -> list:
-        ns = None if cache_salt is None else self.namespace_for(cache_salt)
-        return self.prefix_cache.hottest_prefixes(limit, ns)
