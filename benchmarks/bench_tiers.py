@@ -181,31 +181,50 @@ def settle(llm: LLM) -> None:
 
 
 # --- section 1: load-back vs recompute TTFT ---
-def tier_only(name: str, tmp: Path, url: str) -> TierConfig:
-    big = 8 << 30
-    if name == "host":
-        return TierConfig(host_bytes=big)
-    if name == "disk":
-        return TierConfig(disk_path=tmp / "loadback-disk", disk_bytes=big)
-    return TierConfig(redis_url=url, redis_prefix="bench-loadback", redis_timeout_s=5.0)
+def place_only_in(store: TieredStore, ns: Namespace, hashes: list[int], name: str) -> None:
+    """After a flush the blocks sit in the top tier (host): move them so that only `name` has them."""
+    assert store.wait_idle(600)
+    tiers = {t.name: t for t in store.tiers}
+    values = tiers["host"].get(ns, hashes)
+    assert all(v is not None for v in values), "host tier too small for the prompt"
+    for tier in store.tiers:
+        if tier.name == name:
+            tier.put(ns, list(zip(hashes, values, strict=True)))
+        else:
+            tier.delete(ns, hashes)
 
 
 def bench_loadback(server: RedisServer, tmp: Path, sizes: list[int], repeats: int) -> list[dict]:
-    rows = []
+    """One engine with all three tiers (deadline raised so no load is cut short); before each
+    timed request the prompt's blocks are placed in exactly one tier."""
+    cfg = TierConfig(
+        host_bytes=1 << 30,
+        disk_path=tmp / "loadback-disk",
+        redis_url=server.url,
+        redis_prefix="bench-loadback",
+        redis_timeout_s=10.0,
+        deadline_s=60.0,
+    )
+    llm = make_llm(cfg, num_blocks=1100)
+    store, ns = tier_store(llm), llm.engine.namespace
+    vocab, max_len = llm.tokenizer.vocab_size, llm.engine.max_model_len
     rng = random.Random(1)
-    for tier in ("host", "disk", "redis"):
-        llm = make_llm(tier_only(tier, tmp, server.url), num_blocks=1100)
-        vocab, max_len = llm.tokenizer.vocab_size, llm.engine.max_model_len
-        ttft(llm, random_prompt(rng, 64, vocab))  # warm-up
-        for size in sizes:
-            n = min(size, max_len - 1)  # one output token must fit in the context
-            recompute, load, loaded = [], [], {}
+    ttft(llm, random_prompt(rng, 64, vocab))  # warm-up
+    rows = []
+    for size in sizes:
+        n = min(size, max_len - 1)  # one output token must fit in the context
+        recompute = []
+        for _ in range(repeats):
+            settle(llm)
+            recompute.append(ttft(llm, random_prompt(rng, n, vocab))[0])
+        prompt = random_prompt(rng, n, vocab)
+        ttft(llm, prompt)  # computes the prefix once
+        hashes = block_hashes(ns, prompt[: (n - 1) // ns.block_size * ns.block_size])
+        for tier in ("host", "disk", "redis"):
+            load, loaded = [], {}
             for _ in range(repeats):
                 settle(llm)
-                recompute.append(ttft(llm, random_prompt(rng, n, vocab))[0])
-                prompt = random_prompt(rng, n, vocab)
-                ttft(llm, prompt)  # computes the prefix; the flush below moves it to the tier
-                settle(llm)
+                place_only_in(store, ns, hashes, tier)
                 t, loaded = ttft(llm, prompt)
                 load.append(t)
             rec, ld = statistics.median(recompute), statistics.median(load)
@@ -219,7 +238,8 @@ def bench_loadback(server: RedisServer, tmp: Path, sizes: list[int], repeats: in
                     "speedup": rec / ld,
                 }
             )
-        llm.engine.close()
+            print(f"  loadback {tier} {n}: recompute {rec:.3f}s load {ld:.3f}s", flush=True)
+    llm.engine.close()
     clipped = sorted({r["prompt_tokens"] for r in rows} - set(sizes))
     if clipped:
         print(
@@ -246,35 +266,30 @@ def bench_loadback(server: RedisServer, tmp: Path, sizes: list[int], repeats: in
 
 
 # --- section 3: multi-round chat per tier configuration ---
+SYSTEM, TURN = 512, 64  # MT-small: shared system prompt, tokens per user message
+
+
 def chat_configs(tmp: Path, url: str, host_bytes: int) -> dict[str, TierConfig | None]:
     return {
         "device only": None,
-        "+ host": TierConfig(host_bytes=host_bytes),
-        "+ disk": TierConfig(disk_path=tmp / "chat-disk", disk_bytes=8 << 30),
-        "+ redis": TierConfig(redis_url=url, redis_prefix="bench-chat", redis_timeout_s=5.0),
-        "+ host + disk + redis": TierConfig(
-            host_bytes=host_bytes // 4,
-            disk_path=tmp / "chat-all",
-            disk_bytes=host_bytes // 4,
-            redis_url=url,
-            redis_prefix="bench-chat-all",
-            redis_timeout_s=5.0,
-        ),
+        "device + host": TierConfig(host_bytes=host_bytes),
+        "device + disk": TierConfig(disk_path=tmp / "chat-disk", disk_bytes=8 << 30),
+        "device + redis": TierConfig(redis_url=url, redis_prefix="bench-chat", redis_timeout_s=5.0),
     }
 
 
-def run_chat(llm: LLM, users: int, turns: int, seed: int) -> dict[str, float]:
-    """MT-small shape: a shared 512-token system prompt, 64-token user turns, 32-token answers;
-    all users' turn-t requests are submitted together."""
+def run_chat(llm: LLM, users: int, turns: int, answer: int, seed: int) -> dict[str, float]:
+    """MT-small shape: a shared system prompt, user turns appended to each history with the
+    greedy answer; all users' turn-t requests are submitted together."""
     rng = random.Random(seed)
     vocab = llm.tokenizer.vocab_size
-    system = random_prompt(rng, 512, vocab)
+    system = random_prompt(rng, SYSTEM, vocab)
     history = [list(system) for _ in range(users)]
-    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=answer, temperature=0.0, ignore_eos=True)
     ttfts, prompt_tokens, cached, by_tier = [], 0, 0, {}
     start = time.perf_counter()
     for _ in range(turns):
-        prompts = [h + random_prompt(rng, 64, vocab) for h in history]
+        prompts = [h + random_prompt(rng, TURN, vocab) for h in history]
         for h, p, out in zip(history, prompts, llm.generate(prompts, params), strict=True):
             h[:] = p + out.outputs[0].token_ids
             ttfts.append(out.metrics["first_token_time"] - out.metrics["arrival_time"])
@@ -291,23 +306,24 @@ def run_chat(llm: LLM, users: int, turns: int, seed: int) -> dict[str, float]:
     }
 
 
-def bench_chat(server: RedisServer, tmp: Path, users: int, turns: int) -> list[dict]:
+def bench_chat(server: RedisServer, tmp: Path, users: int, turns: int, answer: int) -> list[dict]:
     block_bytes = 30 * 2 * 16 * 3 * 64 * 2
-    working_blocks = (512 + users * turns * 96) // 16
-    longest = (512 + turns * 96) // 16  # blocks of a user's last request, answer included
-    device_blocks = max(working_blocks // 4, 3 * longest)  # room for the 3 running requests
+    working_blocks = (SYSTEM + users * turns * (TURN + answer)) // 16
+    longest = -(-(SYSTEM + turns * (TURN + answer)) // 16)  # a user's last request and answer
+    device_blocks = max(working_blocks // 4, longest + 1)
     rows = []
     for name, cfg in chat_configs(tmp, server.url, working_blocks * (block_bytes + 100)).items():
-        llm = make_llm(cfg, num_blocks=device_blocks, max_num_seqs=3)
-        rows.append(
-            {"config": name, "device_blocks": device_blocks, **run_chat(llm, users, turns, 7)}
-        )
-        if tier_store(llm) is not None:
-            llm.engine.close()
+        llm = make_llm(cfg, num_blocks=device_blocks, max_num_seqs=1)
+        row = run_chat(llm, users, turns, answer, 7)
+        rows.append({"config": name, "device_blocks": device_blocks, **row})
+        print(f"  chat {name}: {rows[-1]}", flush=True)
+        llm.engine.close()
     cols = ["hit_rate_device", "hit_rate_host", "hit_rate_disk", "hit_rate_redis"]
     table(
-        f"Multi-round chat: {users} users x {turns} turns (512-token system prompt, 64-token "
-        f"turns, 32-token answers), device pool {device_blocks} of ~{working_blocks} blocks",
+        f"Multi-round chat: {users} users x {turns} turns ({SYSTEM}-token shared system prompt, "
+        f"{TURN}-token turns, {answer}-token answers, one request at a time), device pool "
+        f"{device_blocks} blocks = {device_blocks / working_blocks:.0%} of the "
+        f"~{working_blocks}-block working set",
         ["config", "hit rate", "device", "host", "disk", "redis", "mean TTFT (s)", "wall (s)"],
         [
             [
@@ -323,35 +339,39 @@ def bench_chat(server: RedisServer, tmp: Path, users: int, turns: int) -> list[d
     return rows
 
 
+def save(results: dict[str, object]) -> None:
+    """Merges into the JSON file: the sections run now replace theirs, others are kept."""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    RESULTS.write_text(json.dumps(previous | results, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default="loadback,bandwidth,chat")
+    parser.add_argument("--sections", default="bandwidth,loadback,chat")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    sections = set(args.sections.split(","))
+    sections = args.sections.split(",")
     torch.manual_seed(0)
-    results: dict[str, object] = {"quick": args.quick}
+    quick = args.quick
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp))
         server.start()
         try:
-            if "loadback" in sections:
-                sizes = [512, 2048] if args.quick else [512, 2048, 8192]
-                results["loadback"] = bench_loadback(
-                    server, Path(tmp), sizes, 1 if args.quick else 3
-                )
-            if "bandwidth" in sections:
-                results["bandwidth"] = bench_bandwidth(
-                    server, 128 if args.quick else 512, 3 if args.quick else 7
-                )
-            if "chat" in sections:
-                users, turns = (12, 2) if args.quick else (32, 4)
-                results["chat"] = bench_chat(server, Path(tmp), users, turns)
+            for section in sections:
+                if section == "bandwidth":
+                    rows = bench_bandwidth(server, 128 if quick else 512, 3 if quick else 7)
+                elif section == "loadback":
+                    sizes = [512, 2048] if quick else [512, 2048, 8192]
+                    rows = bench_loadback(server, Path(tmp), sizes, 1 if quick else 2)
+                elif section == "chat":
+                    users, turns = (6, 2) if quick else (12, 3)
+                    rows = bench_chat(server, Path(tmp), users, turns, answer=8)
+                else:
+                    raise SystemExit(f"unknown section {section!r}")
+                save({section: {"quick": quick, "rows": rows}})
         finally:
             server.stop()
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    RESULTS.write_text(json.dumps(previous | results, indent=2))  # sections run now replace theirs
     print(f"\nwrote {RESULTS.relative_to(ROOT)}")
 
 
