@@ -221,12 +221,14 @@ def bench_loadback(server: RedisServer, tmp: Path, sizes: list[int], repeats: in
         ttft(llm, prompt)  # computes the prefix once
         hashes = block_hashes(ns, prompt[: (n - 1) // ns.block_size * ns.block_size])
         for tier in ("host", "disk", "redis"):
-            load, loaded = [], {}
+            load, reads, loaded = [], [], {}
             for _ in range(repeats):
                 settle(llm)
                 place_only_in(store, ns, hashes, tier)
+                before = store.stats()[tier]["load_time_s"]
                 t, loaded = ttft(llm, prompt)
                 load.append(t)
+                reads.append(store.stats()[tier]["load_time_s"] - before)
             rec, ld = statistics.median(recompute), statistics.median(load)
             rows.append(
                 {
@@ -235,6 +237,7 @@ def bench_loadback(server: RedisServer, tmp: Path, sizes: list[int], repeats: in
                     "loaded_tokens": loaded.get(tier, 0),
                     "recompute_ttft_s": rec,
                     "load_ttft_s": ld,
+                    "tier_read_s": statistics.median(reads),
                     "speedup": rec / ld,
                 }
             )
@@ -249,7 +252,15 @@ def bench_loadback(server: RedisServer, tmp: Path, sizes: list[int], repeats: in
     table(
         f"Load-back vs recompute: TTFT (s) of a prompt whose prefix lives only in one tier, "
         f"median of {repeats} (default model, bfloat16)",
-        ["tier", "prompt tokens", "loaded tokens", "recompute TTFT", "load TTFT", "recompute/load"],
+        [
+            "tier",
+            "prompt tokens",
+            "loaded tokens",
+            "recompute TTFT",
+            "load TTFT",
+            "of which tier read",
+            "recompute/load",
+        ],
         [
             [
                 r["tier"],
@@ -257,6 +268,7 @@ def bench_loadback(server: RedisServer, tmp: Path, sizes: list[int], repeats: in
                 r["loaded_tokens"],
                 r["recompute_ttft_s"],
                 r["load_ttft_s"],
+                r["tier_read_s"],
                 r["speedup"],
             ]
             for r in rows

@@ -96,6 +96,7 @@ def test_lower_tier_hits_are_promoted_into_host(
     assert store.wait_idle(10)
     assert host.contains(ns, h) == [True] * 4
     assert store.load_prefix(ns, h).tiers == ["host"] * 4
+    store.close()
 
 
 def test_store_copies_the_block_before_returning(tmp_path: Path, ns: Namespace) -> None:
@@ -107,6 +108,7 @@ def test_store_copies_the_block_before_returning(tmp_path: Path, ns: Namespace) 
     pool.zero_()  # the device block is reused at once
     assert store.wait_idle(10)
     assert torch.equal(store.load_prefix(ns, [h]).blocks[0], expected)
+    store.close()
 
 
 def test_namespaces_isolated_through_the_store(
@@ -120,6 +122,7 @@ def test_namespaces_isolated_through_the_store(
     for other in (ns.with_salt("x"), Namespace("other-model", ns.kv_dtype, ns.block_size)):
         assert store.load_prefix(other, h).tiers == []
         assert store.lookup_tokens(other, h) == {"host": 0, "disk": 0, "redis": 0}
+    store.close()
 
 
 def test_corrupt_disk_block_cuts_the_run_and_is_counted(tmp_path: Path, ns: Namespace) -> None:
@@ -135,6 +138,7 @@ def test_corrupt_disk_block_cuts_the_run_and_is_counted(tmp_path: Path, ns: Name
     assert store.load_prefix(ns, h).tiers == ["disk", "disk"]
     assert disk.stats.corrupt == 1 and disk.stats.hits == 2
     assert disk.contains(ns, h) == [True, True, False, True]
+    store.close()
 
 
 def test_wrong_dtype_for_the_namespace_is_rejected(tmp_path: Path, ns: Namespace) -> None:
@@ -146,6 +150,7 @@ def test_wrong_dtype_for_the_namespace_is_rejected(tmp_path: Path, ns: Namespace
     )
     assert store.load_prefix(ns, h).tiers == ["host"]  # ns.kv_dtype is bfloat16
     assert store.tiers[0].stats.corrupt == 1
+    store.close()
 
 
 def test_deadline_returns_in_time_then_recovers(
@@ -200,6 +205,7 @@ def test_redis_killed_mid_workload(
     store.store(ns, list(zip(h[:2], blocks(2), strict=True)))
     assert store.wait_idle(10)
     assert store.load_prefix(ns, h).tiers[:2] == ["host", "host"]
+    store.close()
 
 
 @pytest.mark.parametrize("policy", ["write-back", "write-through"])
