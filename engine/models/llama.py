@@ -158,9 +158,12 @@ class LlamaForCausalLM(nn.Module):
             return False
         if not torch.backends.mkldnn.is_available():
             return False
-        for layer in self.layers:
-            layer.prepack()
-        self.packed_lm_head = pack_weight(self.lm_head.data)
+        try:  # a layer packs name by name, so a failure leaves every layer usable
+            for layer in self.layers:
+                layer.prepack()
+            self.packed_lm_head = pack_weight(self.lm_head.data)
+        except RuntimeError:
+            return False
         return True
 
     def make_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
