@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from pathlib import Path
 
@@ -109,7 +108,3 @@ def load_model(
     if prepack:
         model.prepack()
     return model
-
-
-def read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
