@@ -89,11 +89,15 @@ class BlockManager:
             return
         ns = seq.request.namespace
         tokens = seq.token_ids[: num_full * self.block_size]
+        # private blocks a forked sibling already handed to the tree: drop our ref after the insert
+        adopted = [
+            b for b in seq.block_ids[seq.num_tree_blocks : num_full] if self.cache.is_cached(b)
+        ]
         result = self.cache.insert(ns, tokens, seq.block_ids[:num_full])
         mine = set(seq.block_ids[:num_full])
         duplicates = [b for b in result.duplicates if b in mine and b not in result.block_ids]
-        if duplicates:
-            self.cache.free(duplicates)
+        if duplicates or adopted:
+            self.cache.free(duplicates + adopted)
         seq.block_ids[:num_full] = result.block_ids
         self.cache.lock(result.handle)
         if seq.handle is not None:
