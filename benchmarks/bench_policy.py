@@ -20,9 +20,11 @@ import bench_index as bi  # noqa: E402
 
 from radixcache import Namespace, PrefixCache, block_hashes  # noqa: E402
 from radixcache.policy import FrequencyAgeingPolicy, LRUPolicy  # noqa: E402
+from radixcache.policy_learned import LearnedReusePolicy  # noqa: E402
 
-POLICIES = {"LRU": LRUPolicy, "freq-ageing": FrequencyAgeingPolicy}
-NEW = "freq-ageing"
+POLICIES = {"LRU": LRUPolicy, "freq-ageing": FrequencyAgeingPolicy, "learned": LearnedReusePolicy}
+NEW = "learned"
+OLD = "freq-ageing"
 SYNTH_FRACTIONS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
 MRC_RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 BS = 16
@@ -138,12 +140,13 @@ def synthetic_tables() -> dict[str, list[dict]]:
         out[name] = rows
         bi.print_table(
             f"{name}: {len(reqs)} requests, {uniq:,} unique {BS}-token blocks; block hit rate",
-            ["pool", "blocks", "LRU", NEW, "Belady", f"{NEW}-LRU"],
+            ["pool", "blocks", "LRU", OLD, NEW, "Belady", f"{NEW}-LRU"],
             [
                 [
                     f"{r['fraction']:.0%}",
                     r["blocks"],
                     r["LRU"],
+                    r[OLD],
                     r[NEW],
                     r["belady"],
                     r[NEW] - r["LRU"],
@@ -176,6 +179,7 @@ def mooncake_table(trace: list[list[int]]) -> list[dict]:
             "pool",
             "blocks",
             "LRU",
+            OLD,
             NEW,
             "Belady",
             "unlimited",
@@ -190,6 +194,7 @@ def mooncake_table(trace: list[list[int]]) -> list[dict]:
                 f"{r['fraction']:.0%}",
                 r["blocks"],
                 r["LRU"],
+                r[OLD],
                 r[NEW],
                 r["belady"],
                 r["unlimited"],

@@ -2,6 +2,7 @@ import pytest
 
 from radixcache import Namespace, PrefixCache
 from radixcache.policy import FrequencyAgeingPolicy, LRUPolicy, make_policy
+from radixcache.policy_learned import LearnedReusePolicy
 
 BS = 4
 NS = Namespace("m", "float32", BS)
@@ -62,7 +63,7 @@ def test_ghost_history_restores_frequency():
     assert evicted_order(cache, 1) != again.block_ids
 
 
-@pytest.mark.parametrize("name", ["lru", "freq-ageing"])
+@pytest.mark.parametrize("name", ["lru", "freq-ageing", "learned"])
 def test_pins_and_locks_are_never_chosen(name: str):
     cache = PrefixCache(6, BS, policy=make_policy(name), max_pinned_fraction=0.5)
     pinned = cached(cache, seq(0, 2))
@@ -84,3 +85,55 @@ def test_unknown_policy_name():
 def test_policy_by_name_and_default():
     assert PrefixCache(4, BS).stats().policy == "lru"
     assert PrefixCache(4, BS, policy="freq-ageing").stats().policy == "freq-ageing"
+
+
+def one_block(i: int) -> list[int]:
+    return seq(1000 + 10 * i, 1)
+
+
+def test_learned_keeps_reread_blocks_when_newcomers_are_one_shot():
+    cache = PrefixCache(64, BS, policy=LearnedReusePolicy())
+    for i in range(20):  # one-shot blocks: class ("new", 0, 1) is never read again
+        cached(cache, one_block(i))
+    reread = [cached(cache, seq(100 * j, 2)) for j in range(1, 6)]
+    for _ in range(6):  # uses capped at 4: ("hit", 4) gathers evidence from the 5th read on
+        for j in range(1, 6):
+            cache.match(NS, seq(100 * j, 2))
+    newcomer = cached(cache, one_block(99))
+    victims = evicted_order(cache, 21)
+    assert newcomer.block_ids[0] in victims
+    assert not {r.block_ids[0] for r in reread} & set(victims)
+
+
+def test_learned_turns_lru_like_when_rereads_do_not_repeat():
+    # every block is read exactly once after it is inserted (a finite shared-prefix group):
+    # the policy learns that a re-read block is done, and drops it before a fresh one
+    cache = PrefixCache(64, BS, policy=LearnedReusePolicy())
+    for i in range(20):
+        cached(cache, one_block(i))
+        cache.match(NS, one_block(i))
+    done = cached(cache, one_block(50))
+    cache.match(NS, one_block(50))
+    fresh = cached(cache, one_block(51))
+    order = evicted_order(cache, 64)
+    assert order.index(done.block_ids[0]) < order.index(fresh.block_ids[0])
+
+
+def test_learned_ghost_history_credits_the_evicted_class():
+    policy = LearnedReusePolicy(ghost_factor=4)
+    cache = PrefixCache(8, BS, policy=policy)
+    cached(cache, seq(0, 2))
+    cache.match(NS, seq(0, 2))
+    cache.flush()
+    before = policy.reuse_probability(("hit", 1))
+    again = cached(cache, seq(0, 2))
+    assert cache.tree.block_node[again.block_ids[0]].freq == 3
+    assert policy.reuse_probability(("hit", 1)) > before
+
+
+def test_learned_counters_decay():
+    policy = LearnedReusePolicy(decay_factor=1)
+    cache = PrefixCache(4, BS, policy=policy)
+    for i in range(12):
+        cached(cache, one_block(i))
+    assert sum(policy.refs.values()) <= 2 * 4 + 1

@@ -8,6 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from radixcache import EvictedBlock, LRUPolicy, Namespace, PrefixCache
 from radixcache.policy import FrequencyAgeingPolicy
+from radixcache.policy_learned import LearnedReusePolicy
 
 BS = 2
 NAMESPACES = [Namespace("m", "float32", BS, cache_salt=s) for s in ("", "a", "b")]
@@ -131,3 +132,11 @@ class FrequencyAgeingMachine(PrefixCacheMachine):
 
 FrequencyAgeingMachine.TestCase.settings = PrefixCacheMachine.TestCase.settings
 TestPrefixCacheFrequencyAgeing = FrequencyAgeingMachine.TestCase
+
+
+class LearnedReuseMachine(PrefixCacheMachine):
+    policy_factory = LearnedReusePolicy
+
+
+LearnedReuseMachine.TestCase.settings = PrefixCacheMachine.TestCase.settings
+TestPrefixCacheLearnedReuse = LearnedReuseMachine.TestCase
