@@ -125,6 +125,7 @@ def test_learned_ghost_history_credits_the_evicted_class():
     cached(cache, seq(0, 2))
     cache.match(NS, seq(0, 2))
     cache.flush()
+    assert not policy.node_class  # per-node state goes with the node
     before = policy.reuse_probability(("hit", 1))
     again = cached(cache, seq(0, 2))
     assert cache.tree.block_node[again.block_ids[0]].freq == 3
