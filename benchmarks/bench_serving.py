@@ -4,7 +4,8 @@ Workloads (DESIGN.md): MT-small (8 users x 4 turns, shared 512-token system prom
 turns, 32-token answers appended to each history) and GSP-small (8 groups x 8 prompts, 1,024-token
 group prefix + 64-token question, 32 output tokens, shuffled with seed 1). Greedy, ignore EOS,
 streaming completions with token ids. Each workload runs at concurrency 1, 4 and 16 with the prefix
-cache on and off (two server processes, same run); the cache is flushed before every run.
+cache on and off (two server processes up side by side; each run on one is followed at once by the
+same run on the other, so both see the same machine load); the cache is flushed before every run.
 
 Reports TTFT and inter-token latency (mean / p50 / p99, client side), output tokens/s, and the cache
 hit rate (cached / prompt tokens from `usage`). Prints a table and writes
@@ -229,22 +230,33 @@ def row(r: dict) -> str:
 # ---------------------------------------------------------------- main
 
 
-async def bench_server(args, url: str, cache: bool, vocab: int) -> list[dict]:
+async def bench(args, urls: dict[bool, str], vocab: int) -> list[dict]:
+    """Every (concurrency, workload) runs on the cache-on server, then at once on the cache-off
+    one (both are up; the idle one costs nothing), so both see the same machine conditions."""
     rows = []
     timeout = httpx.Timeout(600.0, connect=10.0)
     limits = httpx.Limits(max_connections=64)
-    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
-        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+    clients = {
+        c: httpx.AsyncClient(base_url=u, timeout=timeout, limits=limits) for c, u in urls.items()
+    }
+    try:
+        model = (await next(iter(clients.values())).get("/v1/models")).json()["data"][0]["id"]
         rng = np.random.default_rng(99)
-        await run_batch(client, model, [random_ids(rng, 64, vocab)] * 2, 4, 2)  # warm-up
+        warm = [random_ids(rng, 64, vocab)] * 2
+        for client in clients.values():
+            await run_batch(client, model, warm, 4, 2)
         for conc in args.concurrency:
             for name in args.workloads:
-                await client.post("/v1/cache/flush")
-                t0 = time.perf_counter()
-                results = await WORKLOADS[name](client, model, args, vocab, conc)
-                summary = summarize(name, cache, conc, results, time.perf_counter() - t0)
-                print(row(summary), flush=True)
-                rows.append(summary)
+                for cache, client in clients.items():
+                    await client.post("/v1/cache/flush")
+                    t0 = time.perf_counter()
+                    results = await WORKLOADS[name](client, model, args, vocab, conc)
+                    summary = summarize(name, cache, conc, results, time.perf_counter() - t0)
+                    print(row(summary), flush=True)
+                    rows.append(summary)
+    finally:
+        for client in clients.values():
+            await client.aclose()
     return rows
 
 
@@ -283,12 +295,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.model, vocab = model_vocab(args.model)
     print(HEADER)
-    rows = []
-    for cache in args.cache_modes:
-        proc, url = start_server(args, cache)
-        try:
-            rows += asyncio.run(bench_server(args, url, cache, vocab))
-        finally:
+    servers = {}
+    try:
+        for cache in args.cache_modes:
+            servers[cache] = start_server(args, cache)
+        rows = asyncio.run(bench(args, {c: url for c, (_, url) in servers.items()}, vocab))
+    finally:
+        for proc, _ in servers.values():
             stop_server(proc)
     report = {
         "benchmark": "serving",
