@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,34 +85,20 @@ async def _outputs(ctx: StreamContext, finals: list[Any]) -> AsyncIterator[tuple
     ctx.timing.finish()
 
 
-async def chat_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator[str]:
-    def chunk(choices: list[ChatChunkChoice], usage: Any = None) -> str:
-        body = ChatCompletionChunk(
-            id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
-        )
-        return sse(dump(body))
+def _has_news(ctx: StreamContext, text: str, start: int, end: int, done: bool) -> bool:
+    return bool(text) or done or (end > start and ctx.per_token)
 
-    yield chunk(
-        [ChatChunkChoice(index=i, delta=Delta(role="assistant", content="")) for i in range(ctx.n)]
-    )
-    tracker = DeltaTracker()
+
+async def _delta_events(
+    ctx: StreamContext,
+    chunk: Callable[..., str],
+    choices_of: Callable[[int, Any], list[Any]],
+) -> AsyncIterator[str]:
+    """Runs the jobs: a chunk per output with news, then usage (if asked) and `[DONE]`."""
     finals: list[Any] = []
     try:
-        async for _, out in _outputs(ctx, finals):
-            choices = []
-            for c in out.outputs:
-                text, start, end, done = tracker.advance(c.index, c)
-                if not text and not done and (end == start or not ctx.per_token):
-                    continue
-                choices.append(
-                    ChatChunkChoice(
-                        index=c.index,
-                        delta=Delta(content=text),
-                        logprobs=chat_logprobs(tokenizer, c, start, end) if ctx.logprobs else None,
-                        finish_reason=finish_reason(c.finish_reason) if done else None,
-                        token_ids=c.token_ids[start:end] if ctx.token_ids else None,
-                    )
-                )
+        async for job, out in _outputs(ctx, finals):
+            choices = choices_of(job, out)
             if choices:
                 yield chunk(choices)
     except Exception as exc:
@@ -120,6 +107,40 @@ async def chat_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator[str]:
         if ctx.include_usage:
             yield chunk([], usage_of(finals))
     yield sse("[DONE]")
+
+
+async def chat_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator[str]:
+    def chunk(choices: list[ChatChunkChoice], usage: Any = None) -> str:
+        body = ChatCompletionChunk(
+            id=ctx.request_id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
+        )
+        return sse(dump(body))
+
+    tracker = DeltaTracker()
+
+    def choices_of(_job: int, out: Any) -> list[ChatChunkChoice]:
+        choices = []
+        for c in out.outputs:
+            text, start, end, done = tracker.advance(c.index, c)
+            if not _has_news(ctx, text, start, end, done):
+                continue
+            choices.append(
+                ChatChunkChoice(
+                    index=c.index,
+                    delta=Delta(content=text),
+                    logprobs=chat_logprobs(tokenizer, c, start, end) if ctx.logprobs else None,
+                    finish_reason=finish_reason(c.finish_reason) if done else None,
+                    token_ids=c.token_ids[start:end] if ctx.token_ids else None,
+                )
+            )
+        return choices
+
+    yield chunk(
+        [ChatChunkChoice(index=i, delta=Delta(role="assistant", content="")) for i in range(ctx.n)]
+    )
+    async with aclosing(_delta_events(ctx, chunk, choices_of)) as events:
+        async for event in events:
+            yield event
 
 
 async def completion_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator[str]:
@@ -129,6 +150,28 @@ async def completion_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator
         )
         return sse(dump(body))
 
+    tracker = DeltaTracker()
+
+    def choices_of(job: int, out: Any) -> list[CompletionChoice]:
+        choices = []
+        for c in out.outputs:
+            key = job * ctx.n + c.index
+            text_start = tracker.text.get(key, 0)
+            text, start, end, done = tracker.advance(key, c)
+            if not _has_news(ctx, text, start, end, done):
+                continue
+            lp = completion_logprobs(tokenizer, c, start, end, text_start) if ctx.logprobs else None
+            choices.append(
+                CompletionChoice(
+                    index=key,
+                    text=text,
+                    logprobs=lp,
+                    finish_reason=finish_reason(c.finish_reason) if done else None,
+                    token_ids=c.token_ids[start:end] if ctx.token_ids else None,
+                )
+            )
+        return choices
+
     if ctx.echo is not None:
         yield chunk(
             [
@@ -137,36 +180,6 @@ async def completion_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator
                 for i in range(ctx.n)
             ]
         )
-    tracker = DeltaTracker()
-    finals: list[Any] = []
-    try:
-        async for job, out in _outputs(ctx, finals):
-            choices = []
-            for c in out.outputs:
-                key = job * ctx.n + c.index
-                text_start = tracker.text.get(key, 0)
-                text, start, end, done = tracker.advance(key, c)
-                if not text and not done and (end == start or not ctx.per_token):
-                    continue
-                lp = (
-                    completion_logprobs(tokenizer, c, start, end, text_start)
-                    if ctx.logprobs
-                    else None
-                )
-                choices.append(
-                    CompletionChoice(
-                        index=key,
-                        text=text,
-                        logprobs=lp,
-                        finish_reason=finish_reason(c.finish_reason) if done else None,
-                        token_ids=c.token_ids[start:end] if ctx.token_ids else None,
-                    )
-                )
-            if choices:
-                yield chunk(choices)
-    except Exception as exc:
-        yield _error_event(exc)
-    else:
-        if ctx.include_usage:
-            yield chunk([], usage_of(finals))
-    yield sse("[DONE]")
+    async with aclosing(_delta_events(ctx, chunk, choices_of)) as events:
+        async for event in events:
+            yield event
