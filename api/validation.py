@@ -85,3 +85,11 @@ def to_sampling_params(
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
     )
+
+
+def check_capacity(engine: Any, prompt_len: int, max_tokens: int) -> None:
+    """400 before any response starts when the KV pool can never hold the request."""
+    try:
+        engine.check_fits(prompt_len, max_tokens)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="max_tokens", code="kv_capacity_exceeded") from exc

@@ -69,6 +69,10 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Raises RequestTooLarge when the request alone can never fit (reads constants only)."""
+        self.engine.scheduler.check_fits(num_prompt_tokens, max_tokens)
+
     # --- lifecycle ---
     def start(self) -> None:
         if self._thread is None:

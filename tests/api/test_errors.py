@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.api.conftest import MAX_MODEL_LEN, Server
+from api.config import ApiConfig
+from tests.api.conftest import MAX_MODEL_LEN, Server, engine_config, start_server
 
 
 def post(http: httpx.Client, path: str, body: object) -> httpx.Response:
@@ -144,3 +145,25 @@ def test_unknown_route_and_method(http) -> None:
 def test_bad_query_parameters(http) -> None:
     assert_error(http.get("/v1/cache/stats", params={"window_minutes": -1}), 400)
     assert_error(http.get("/v1/cache/prefixes", params={"limit": "many"}), 400)
+
+
+@pytest.fixture(scope="module")
+def small_pool_server(tiny_model):
+    # 8 blocks of 16 tokens = 128 tokens of KV, under the 512-token context window
+    handle = start_server(engine_config(tiny_model, num_blocks=8), ApiConfig())
+    yield handle
+    handle.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_request_larger_than_kv_pool_is_400_before_streaming(small_pool_server, stream) -> None:
+    server = small_pool_server
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        body = completion(server, prompt="a" * 100, max_tokens=100, stream=stream)
+        err = assert_error(post(http, "/v1/completions", body), 400, "max_tokens")
+        assert err["code"] == "kv_capacity_exceeded"
+        chat_body = chat(server, max_tokens=200, stream=stream)
+        assert_error(post(http, "/v1/chat/completions", chat_body), 400, "max_tokens")
+        ok = post(http, "/v1/completions", completion(server, prompt="a" * 20, max_tokens=8))
+        assert ok.status_code == 200, ok.text
+    server.engine.check_integrity()
