@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
-    from radixcache.hashing import Namespace
 
     from engine.detokenizer import IncrementalDetokenizer
     from engine.sampling import SamplingParams
+    from radixcache.hashing import Namespace
 
 
 class SequenceStatus(Enum):
