@@ -116,17 +116,21 @@ async def flush(request: Request) -> dict[str, Any]:
     return {"flushed_blocks": blocks, "cache_salt": req.cache_salt}
 
 
+async def _admin_prompt_op(request: Request, op: str) -> tuple[int, int]:
+    """engine.pin / engine.unpin on the body's prompt (admin only) -> (tokens, prompt tokens)."""
+    caller = require_admin(state_of(request).config, request)
+    state, ids, salt = await _parse(request, caller)
+    tokens = await asyncio.to_thread(getattr(state.engine, op), ids, salt)
+    return tokens, len(ids)
+
+
 @router.post("/pin")
 async def pin(request: Request) -> dict[str, Any]:
-    state = state_of(request)
-    state, ids, salt = await _parse(request, require_admin(state.config, request))
-    tokens = await asyncio.to_thread(state.engine.pin, ids, salt)
-    return {"pinned_tokens": tokens, "prompt_tokens": len(ids)}
+    tokens, prompt_tokens = await _admin_prompt_op(request, "pin")
+    return {"pinned_tokens": tokens, "prompt_tokens": prompt_tokens}
 
 
 @router.post("/unpin")
 async def unpin(request: Request) -> dict[str, Any]:
-    state = state_of(request)
-    state, ids, salt = await _parse(request, require_admin(state.config, request))
-    tokens = await asyncio.to_thread(state.engine.unpin, ids, salt)
-    return {"unpinned_tokens": tokens, "prompt_tokens": len(ids)}
+    tokens, prompt_tokens = await _admin_prompt_op(request, "unpin")
+    return {"unpinned_tokens": tokens, "prompt_tokens": prompt_tokens}

@@ -31,7 +31,6 @@ from api.responses import chat_logprobs, completion_logprobs, finish_reason, usa
 from api.state import ServerState, state_of
 from api.streams import EventStream, StreamContext, chat_events, completion_events
 from api.validation import (
-    check_capacity,
     check_model,
     encode_prompt,
     resolve_max_tokens,
@@ -134,9 +133,8 @@ async def completions(request: Request) -> Response:
     for prompt in prompts:
         ids = await asyncio.to_thread(encode_prompt, engine.tokenizer, prompt)  # off the loop
         max_tokens = resolve_max_tokens(
-            req.max_tokens, len(ids), engine.max_model_len, COMPLETION_DEFAULT_MAX_TOKENS
+            engine, req.max_tokens, len(ids), COMPLETION_DEFAULT_MAX_TOKENS
         )
-        check_capacity(engine, len(ids), max_tokens)
         params = to_sampling_params(req, max_tokens, req.logprobs)
         jobs.append(Job(new_id("cmpl"), ids, ids, params, salt))
     ctx = _context(state, req, jobs, "cmpl", req.logprobs is not None)
@@ -180,8 +178,7 @@ async def chat_completions(request: Request) -> Response:
     engine = state.engine
     ids = await asyncio.to_thread(_chat_prompt_ids, engine, req)  # off the event loop
     requested = req.max_completion_tokens or req.max_tokens
-    max_tokens = resolve_max_tokens(requested, len(ids), engine.max_model_len, None)
-    check_capacity(engine, len(ids), max_tokens)
+    max_tokens = resolve_max_tokens(engine, requested, len(ids), None)
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = to_sampling_params(req, max_tokens, top)
     jobs = [Job(new_id("chatcmpl"), ids, ids, params, caller.cache_salt(req.cache_salt))]

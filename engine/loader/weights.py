@@ -53,28 +53,33 @@ def _targets(model: LlamaForCausalLM) -> dict[str, tuple[torch.Tensor, slice]]:
         out["lm_head.weight"] = (model.lm_head, full)
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
-        qkv_rows = {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}
-        for name, rows in qkv_rows.items():
-            out[f"{p}self_attn.{name}_proj.weight"] = (layer.qkv_proj, rows)
-            if layer.qkv_bias is not None:
-                out[f"{p}self_attn.{name}_proj.bias"] = (layer.qkv_bias, rows)
-        out[f"{p}self_attn.o_proj.weight"] = (layer.o_proj, full)
-        if layer.o_bias is not None:
-            out[f"{p}self_attn.o_proj.bias"] = (layer.o_bias, full)
+        qkv = {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}
+        attn = {f"{p}self_attn.{n}_proj": rows for n, rows in qkv.items()}
+        _add_linear(out, attn, layer.qkv_proj, layer.qkv_bias)
+        _add_linear(out, {f"{p}self_attn.o_proj": full}, layer.o_proj, layer.o_bias)
         if layer.q_norm is not None:
             out[f"{p}self_attn.q_norm.weight"] = (layer.q_norm, full)
             out[f"{p}self_attn.k_norm.weight"] = (layer.k_norm, full)
         out[f"{p}input_layernorm.weight"] = (layer.input_layernorm, full)
         out[f"{p}post_attention_layernorm.weight"] = (layer.post_attention_layernorm, full)
-        gu_rows = {"gate": slice(0, inter), "up": slice(inter, 2 * inter)}
-        for name, rows in gu_rows.items():
-            out[f"{p}mlp.{name}_proj.weight"] = (layer.gate_up_proj, rows)
-            if layer.gate_up_bias is not None:
-                out[f"{p}mlp.{name}_proj.bias"] = (layer.gate_up_bias, rows)
-        out[f"{p}mlp.down_proj.weight"] = (layer.down_proj, full)
-        if layer.down_bias is not None:
-            out[f"{p}mlp.down_proj.bias"] = (layer.down_bias, full)
+        gate_up = {"gate": slice(0, inter), "up": slice(inter, 2 * inter)}
+        mlp = {f"{p}mlp.{n}_proj": rows for n, rows in gate_up.items()}
+        _add_linear(out, mlp, layer.gate_up_proj, layer.gate_up_bias)
+        _add_linear(out, {f"{p}mlp.down_proj": full}, layer.down_proj, layer.down_bias)
     return out
+
+
+def _add_linear(
+    out: dict[str, tuple[torch.Tensor, slice]],
+    rows_by_name: dict[str, slice],
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> None:
+    """HF projections `name` -> rows of our (possibly fused) weight and bias."""
+    for name, rows in rows_by_name.items():
+        out[f"{name}.weight"] = (weight, rows)
+        if bias is not None:
+            out[f"{name}.bias"] = (bias, rows)
 
 
 def load_model(
