@@ -100,10 +100,10 @@ def _check_evictable(cache: PrefixCache, nodes: list[Node]) -> None:
     tree = cache.tree
     want = {n.id for n in nodes if not n.children and n.lock_ref == 0 and n.pin_ref == 0}
     _require(want == set(tree.evictable_nodes), "evictable set differs from the evictable leaves")
-    keys = {(n.prio, n.id) for n in tree.evictable_nodes.values()}
+    keys = {(n.evict_prio, n.id) for n in tree.evictable_nodes.values()}
     _require(keys == set(tree.evictable) and len(keys) == len(tree.evictable), "stale set keys")
     for n in tree.evictable_nodes.values():
-        _require(n.set_key == (n.prio, n.id), f"{n} changed priority while listed")
+        _require(n.set_key == (n.evict_prio, n.id), f"{n} changed priority while listed")
 
 
 def _check_private_locks(cache: PrefixCache) -> None:

@@ -1,8 +1,10 @@
 """Eviction policies: each gives a node a priority; the lowest evictable leaf goes first.
 
-The tree keeps the unreferenced, unpinned leaves in one ordered set keyed by (node.prio, node.id)
-and asks the policy to set `node.prio` at the moments below; priorities never change otherwise,
-so every policy costs O(log n) per access and per evicted leaf.
+The tree keeps the unreferenced, unpinned leaves in one ordered set keyed by
+(node.evict_prio, node.id) and asks the policy to set `node.prio` (and, if it likes,
+`node.tail_prio`: the price of the node's last block until that block is read or evicted) at the
+moments below; priorities never change otherwise, so every policy costs O(log n) per access and
+per evicted leaf.
 
 Policies: "lru" (the default), "freq-ageing" (GreedyDual on use counts) and "learned"
 (GreedyDual on a reuse probability learned per class of block, radixcache/policy_learned.py).
@@ -30,13 +32,14 @@ class EvictionPolicy(Protocol):
         """Called once by the cache with the pool size."""
 
     def on_insert(self, node: Node, tick: int) -> None:
-        """`node` was just created holding new blocks (`node.hashes` are set): set `node.prio`."""
+        """`node` was just created holding new blocks (`node.hashes` are set): set `node.prio`,
+        and `node.tail_prio` to price its last block apart (None: priced with the node)."""
 
     def on_access(self, node: Node, tick: int, hit: bool) -> None:
         """`node` lay on the path of a match (hit=True) or of an insert (hit=False)."""
 
     def on_evict(self, node: Node, hashes: tuple[int, ...]) -> None:
-        """The blocks `hashes` of `node` (priority `node.prio`) were just evicted."""
+        """The blocks `hashes` of `node` (priority `node.evict_prio`) were just evicted."""
 
 
 class LRUPolicy:
@@ -101,8 +104,8 @@ class FrequencyAgeingPolicy:
             node.prio = self.clock + 1.0 + math.log2(node.freq)
 
     def on_evict(self, node: Node, hashes: tuple[int, ...]) -> None:
-        if node.prio > self.clock:
-            self.clock = node.prio
+        if node.evict_prio > self.clock:
+            self.clock = node.evict_prio
         if not self.ghost_capacity:
             return
         ghost = self.ghost

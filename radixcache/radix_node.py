@@ -14,8 +14,10 @@ class Node:
     `hashes[i]` is the chained hash of block i. `depth` counts the tokens above this node.
     `key` is the node's first block's tokens (its slot in `parent.children`).
     `lock_ref`/`pin_ref` count the handles that hold the path root..this node.
-    `prio` is the eviction priority the policy gave it (lower goes first); `set_key` is its
-    entry in the evictable set, or None when it is not evictable.
+    `prio` is the eviction priority the policy gave it (lower goes first); `tail_prio`, when the
+    policy sets it, is the priority of the node's last block until that block is first read or
+    evicted (a request's last block is rarely read again). `set_key` is the node's entry in the
+    evictable set, or None when it is not evictable.
     """
 
     __slots__ = (
@@ -35,6 +37,7 @@ class Node:
         "hits",
         "tokens_saved",
         "prio",
+        "tail_prio",
         "freq",
         "sampled",
         "set_key",
@@ -67,6 +70,7 @@ class Node:
         self.hits = 0
         self.tokens_saved = 0
         self.prio: float = 0.0
+        self.tail_prio: float | None = None
         self.freq = 1  # the policy's reference count (may include ghost history)
         self.sampled: tuple[int, ...] = ()  # hashes of this node the miss-ratio curve samples
         self.set_key: tuple[float, int] | None = None
@@ -74,6 +78,11 @@ class Node:
     @property
     def is_root(self) -> bool:
         return self.parent is None
+
+    @property
+    def evict_prio(self) -> float:
+        """The priority of the block eviction takes next (the tail)."""
+        return self.prio if self.tail_prio is None else self.tail_prio
 
     @property
     def end_depth(self) -> int:

@@ -47,7 +47,7 @@ class RadixTree:
         self.roots: dict[Namespace, Node] = {}
         self.hash_index: dict[int, int] = {}  # chained block hash -> block id
         self.block_node: dict[int, Node] = {}  # cached block id -> node holding it
-        self.evictable = SortedList()  # (prio, node id) of unreferenced, unpinned leaves
+        self.evictable = SortedList()  # (evict_prio, node id) of unreferenced, unpinned leaves
         self.evictable_nodes: dict[int, Node] = {}
         self.num_locked = 0  # cached blocks on a locked path
         self.num_pinned = 0  # cached blocks on a pinned path
@@ -128,11 +128,13 @@ class RadixTree:
             if matched_tokens:
                 node.hits += 1
                 node.tokens_saved += len(node.tokens)
-            if node.set_key is None:
-                policy.on_access(node, tick, hit)
-            else:
+            listed = node.set_key is not None
+            if listed:
                 self._unlist(node)
-                policy.on_access(node, tick, hit)
+            policy.on_access(node, tick, hit)
+            if hit:
+                node.tail_prio = None  # its tail was just read
+            if listed:
                 self._list(node)
 
     # --- insert ---
@@ -233,6 +235,8 @@ class RadixTree:
         _, node_id = self.evictable.pop(0)
         node = self.evictable_nodes.pop(node_id)
         node.set_key = None
+        if node.tail_prio is not None:  # listed by its tail's priority: only the tail goes
+            max_blocks = 1
         return self._cut_tail(node, min(max_blocks, len(node.blocks)))
 
     def evict_node(self, node: Node) -> Victim:
@@ -255,6 +259,7 @@ class RadixTree:
             if index.get(h) == b:
                 del index[h]
         self.policy.on_evict(node, victim.hashes)
+        node.tail_prio = None
         if keep:
             self._list(node)
         else:
@@ -279,7 +284,7 @@ class RadixTree:
             self._unlist(node)
 
     def _list(self, node: Node) -> None:
-        node.set_key = (node.prio, node.id)
+        node.set_key = (node.evict_prio, node.id)
         self.evictable.add(node.set_key)
         self.evictable_nodes[node.id] = node
 

@@ -2,7 +2,7 @@ import pytest
 
 from radixcache import Namespace, PrefixCache
 from radixcache.policy import FrequencyAgeingPolicy, LRUPolicy, make_policy
-from radixcache.policy_learned import LearnedReusePolicy
+from radixcache.policy_learned import LearnedReusePolicy, tail_class
 
 BS = 4
 NS = Namespace("m", "float32", BS)
@@ -138,3 +138,55 @@ def test_learned_counters_decay():
     for i in range(12):
         cached(cache, one_block(i))
     assert sum(policy.refs.values()) <= 2 * 4 + 1
+
+
+def trained_on_rewritten_tails(n_turns: int = 30) -> tuple[PrefixCache, LearnedReusePolicy]:
+    """Chat-like history: each turn's next request reads its first blocks, never its last one."""
+    policy = LearnedReusePolicy()
+    cache = PrefixCache(256, BS, policy=policy)
+    for i in range(n_turns):
+        cached(cache, seq(1000 * i, 3))
+        cache.match(NS, seq(1000 * i, 2))
+    cache.flush()  # learned counters stay; the blocks go
+    return cache, policy
+
+
+def test_learned_prices_an_unread_tail_apart_from_its_body():
+    cache, policy = trained_on_rewritten_tails()
+    body, tail = ("new", 0, 2), tail_class(("new", 0, 2))
+    assert policy.reuse_probability(tail) < policy.floor < policy.reuse_probability(body)
+    older = cached(cache, seq(98000, 3))
+    newer = cached(cache, seq(99000, 3))
+    node = cache.tree.block_node[newer.block_ids[0]]
+    assert node.tail_prio is not None and node.tail_prio < node.prio
+    # both unread tails go before either body, one block each, and the clock takes the
+    # victim's (tail) priority, not its body's
+    assert evicted_order(cache, 2) == [older.block_ids[2], newer.block_ids[2]]
+    assert policy.clock < node.prio
+    assert cache.match(NS, seq(98000, 3)).block_ids == older.block_ids[:2]
+    assert cache.match(NS, seq(99000, 3)).block_ids == newer.block_ids[:2]
+    cache.check_integrity()
+
+
+def test_reading_a_tail_prices_it_with_its_node():
+    cache, policy = trained_on_rewritten_tails()
+    cls = tail_class(("new", 0, 2))
+    fresh = cached(cache, seq(99000, 3))
+    node = cache.tree.block_node[fresh.block_ids[0]]
+    before = policy.reuse_probability(cls)
+    assert cache.match(NS, seq(99000, 3) + [1]).block_ids == fresh.block_ids  # reads the tail
+    assert node.tail_prio is None and node.evict_prio == node.prio
+    assert policy.reuse_probability(cls) > before  # the read counts for the tail class
+    cache.check_integrity()
+
+
+def test_a_split_leaves_the_pending_tail_on_the_lower_part():
+    cache, _ = trained_on_rewritten_tails()
+    fresh = cached(cache, seq(99000, 3))
+    cache.match(NS, seq(99000, 2))  # ends inside the node: splits it
+    upper = cache.tree.block_node[fresh.block_ids[0]]
+    lower = cache.tree.block_node[fresh.block_ids[2]]
+    assert upper is not lower and lower.parent is upper
+    assert upper.tail_prio is None and lower.tail_prio is not None
+    assert evicted_order(cache, 1) == [fresh.block_ids[2]]
+    cache.check_integrity()
