@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from radixcache.policy import POLICIES
+
 if TYPE_CHECKING:
     from storage.tiered import TierConfig
 
 _DTYPES = ("float32", "bfloat16", "float16")
+EVICTION_POLICIES = tuple(POLICIES)
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None = the model's max_position_embeddings
     enable_prefix_caching: bool = True
+    eviction_policy: str = "lru"  # device-pool eviction: a name of radixcache.policy.POLICIES
     max_waiting_requests: int = 1024  # bounded queue of the async front
     num_threads: int | None = None  # torch intra-op threads; None = leave as is
     tiers: TierConfig | None = None
@@ -39,6 +43,10 @@ class EngineConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(
+                f"eviction_policy must be one of {EVICTION_POLICIES}, got {self.eviction_policy!r}"
+            )
         if self.num_blocks is not None and self.num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:

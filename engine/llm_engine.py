@@ -65,6 +65,7 @@ class LLMEngine(CacheAnalytics):
         self.prefix_cache = PrefixCache(
             self.kv_cache.num_blocks,
             config.block_size,
+            policy=config.eviction_policy,
             on_evict=None if self.tiers is None else self.tiers.on_evict,
         )
         manager = BlockManager if config.enable_prefix_caching else NoCacheBlockManager

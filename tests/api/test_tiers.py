@@ -20,7 +20,9 @@ HOST_BYTES = 16 << 20
 @pytest.fixture(scope="module")
 def tier_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tiers = TierConfig(host_bytes=HOST_BYTES, disk_path=tmp_path_factory.mktemp("kv"))
-    handle = start_server(engine_config(tiny_model, num_blocks=64, tiers=tiers), ApiConfig())
+    # the learned policy evicts unread tails one block at a time: the tiers must take those too
+    cfg = engine_config(tiny_model, num_blocks=64, tiers=tiers, eviction_policy="learned")
+    handle = start_server(cfg, ApiConfig())
     yield handle
     handle.stop()
 
@@ -51,6 +53,7 @@ def test_flushed_prefix_comes_back_from_host_tier(tier_server: Server) -> None:
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 6 * BLOCK_SIZE
         assert again["choices"][0]["text"] == first["choices"][0]["text"]
         stats = client.get("/v1/cache/stats").json()
+        assert stats["device"]["policy"] == "learned"
         assert stats["since_start"]["hit_tokens_by_tier"]["host"] >= 6 * BLOCK_SIZE
         host = stats["occupancy"]["host"]
         assert host["used_bytes"] > 0 and host["capacity_bytes"] == HOST_BYTES

@@ -13,6 +13,7 @@ from api.config import ApiConfig, parse_api_keys
 from api.errors import ApiError, parse_body
 from api.protocol import ChatCompletionRequest, CompletionRequest
 from api.stats_history import StatsHistory
+from engine.config import EngineConfig
 
 
 def test_parse_size() -> None:
@@ -59,6 +60,8 @@ def test_serve_options_map_to_configs(tmp_path) -> None:
             "9000",
             "--max-queue",
             "7",
+            "--eviction-policy",
+            "learned",
         ]
     )
     tiers = tier_config(args)
@@ -66,6 +69,10 @@ def test_serve_options_map_to_configs(tmp_path) -> None:
     assert tiers.write_policy == "write-through" and tiers.redis_url.startswith("redis://")
     cfg = engine_config(args, tmp_path)
     assert (cfg.block_size, cfg.kv_cache_memory, cfg.dtype) == (32, 256 << 20, "float32")
+    assert (
+        cfg.eviction_policy == "learned"
+        and engine_config(build_parser().parse_args(["serve"]), tmp_path).eviction_policy == "lru"
+    )
     assert args.port == 9000 and args.max_queue == 7
     assert parse_api_keys(args.api_key) == {"sk-1": "team"}
 
@@ -86,6 +93,7 @@ def test_help_documents_every_option(capsys) -> None:
         "--port",
         "--max-queue",
         "--kv-memory",
+        "--eviction-policy",
     ):
         assert option in text
     with pytest.raises(SystemExit):
@@ -139,3 +147,9 @@ def test_stats_history_windows() -> None:
     assert covered == 45.0 and diff["hits"] == 100.0
     h.record(500.0, {"hits": 1000.0})
     assert h.start().time >= 40.0
+
+
+def test_engine_config_names_the_eviction_policies() -> None:
+    with pytest.raises(ValueError, match="learned"):
+        EngineConfig(eviction_policy="fifo")
+    assert EngineConfig(eviction_policy="learned").eviction_policy == "learned"
