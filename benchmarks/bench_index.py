@@ -201,6 +201,20 @@ def load_trace(path: Path = TRACE) -> list[list[int]]:
         return [json.loads(line)["hash_ids"] for line in f]
 
 
+def trace_hashes(trace: list[list[int]], block_size: int = 512) -> dict[int, int]:
+    """Trace block id of each chained block hash `replay` inserts."""
+    ns = Namespace("mooncake", "bfloat16", block_size)
+    out: dict[int, int] = {}
+    known: set[int] = set()  # a trace id stands for its whole prefix
+    for ids in trace:
+        if ids[-1] in known:
+            continue
+        toks = [t for h in ids for t in block_tokens(h, block_size)]
+        out.update(zip(block_hashes(ns, toks), ids, strict=True))
+        known.update(ids)
+    return out
+
+
 def block_tokens(block_id: int, block_size: int) -> list[int]:
     return [100 + block_id % 40000, 100 + block_id // 40000] + [7] * (block_size - 2)
 
@@ -211,14 +225,19 @@ def replay(
     policy=None,  # noqa: ANN001
     block_size: int = 512,
     mrc_sample_rate: float | None = None,
+    on_request: Callable[[int], None] | None = None,
 ) -> dict:
-    """Block hit rate of the PrefixCache (one block per hash id) at `capacity` blocks."""
+    """Block hit rate of the PrefixCache (one block per hash id) at `capacity` blocks.
+
+    `on_request(r)` is called before request r (for policies that read the future)."""
     ns = Namespace("mooncake", "bfloat16", block_size)
     cache = PrefixCache(capacity, block_size, policy=policy, mrc_sample_rate=mrc_sample_rate)
     table = {}
     hits = total = 0
     t0 = time.thread_time()
-    for ids in trace:
+    for r, ids in enumerate(trace):
+        if on_request is not None:
+            on_request(r)
         toks = []
         for h in ids:
             t = table.get(h)
