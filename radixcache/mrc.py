@@ -1,7 +1,7 @@
 """Online miss-ratio curve: SHARDS-style spatially sampled LRU reuse distances of block hashes.
 
-A block is sampled when the low 32 bits of its (uniformly distributed) chained hash fall under
-rate * 2**32, so every reference to it is seen or none is. For a sampled reference the number of
+A block is sampled when its (uniformly distributed) 64-bit chained hash falls under rate * 2**64,
+so every reference to it is seen or none is. For a sampled reference the number of
 distinct sampled blocks referenced since its previous reference, divided by the rate, estimates
 its LRU stack distance; an LRU cache of C blocks hits exactly the references with distance < C.
 In an LRU radix tree a parent is never less recent than its children, so block-level stack
@@ -24,7 +24,7 @@ class MissRatioCurve:
         if not 0 < sample_rate <= 1:
             raise ValueError("sample_rate must be in (0, 1]")
         self.rate = sample_rate
-        self.threshold = int(sample_rate * 2**32)
+        self.threshold = int(sample_rate * 2**64)
         # tracked sampled blocks; distances beyond max_blocks count as misses anyway
         self.max_tracked = None if max_blocks is None else int(max_blocks * sample_rate) + 1
         self.clock = 0
@@ -37,34 +37,29 @@ class MissRatioCurve:
 
     def sample(self, hashes: Iterable[int]) -> tuple[int, ...]:
         """The hashes of `hashes` that are sampled (computed once per node, at insert)."""
-        thr = self.threshold
-        return tuple(h for h in hashes if h & 0xFFFFFFFF < thr)
-
-    def count(self, n: int) -> None:
-        """n block references happened (sampled or not)."""
-        self.total += n
+        hashes = tuple(hashes)
+        if not hashes or min(hashes) >= self.threshold:  # most nodes: one C loop, no sample
+            return ()
+        return tuple(filter(self.threshold.__gt__, hashes))
 
     def reference(self, sampled: Sequence[int]) -> None:
         """Record references to these sampled hashes (shallowest first)."""
         for h in reversed(sampled):  # deeper blocks end up less recent, as the tree evicts them
-            self._access(h, count=True)
+            self._reference(h)
 
-    def touch(self, sampled: Sequence[int]) -> None:
-        """Make these blocks most recent without counting a reference (an insert's path)."""
-        for h in reversed(sampled):
-            self._access(h, count=False)
-
-    def _access(self, h: int, count: bool) -> None:
-        self.clock += 1
+    def _reference(self, h: int) -> None:
+        self.references += 1
+        distances = self.distances
         t0 = self.last.get(h)
+        if t0 is not None and t0 == self.clock:  # referenced last too: distance 0, order kept
+            distances[0] = distances.get(0, 0) + 1
+            return
+        self.clock += 1
         if t0 is not None:
-            if count:
-                d = len(self.times) - self.times.bisect_right(t0)
-                self.distances[d] = self.distances.get(d, 0) + 1
+            d = len(self.times) - self.times.bisect_right(t0)
+            distances[d] = distances.get(d, 0) + 1
             self.times.remove(t0)
             del self.owner[t0]
-        if count:
-            self.references += 1
         self.last[h] = self.clock
         self.owner[self.clock] = h
         self.times.add(self.clock)

@@ -120,7 +120,7 @@ class RadixTree:
         """Record an access of every node on `path` (policy priorities, hit counters)."""
         self.tick += 1
         tick, now, policy, hit = self.tick, time.time(), self.policy, matched_tokens > 0
-        if self.mrc is not None:
+        if hit and self.mrc is not None:  # an insert's path was read by its match already
             self._sample_path(path, matched_tokens)
         for node in path:
             node.last_access = tick
@@ -201,12 +201,10 @@ class RadixTree:
     def _sample_path(self, path: list[Node], matched_tokens: int) -> None:
         mrc = self.mrc
         assert mrc is not None
-        if matched_tokens:
-            mrc.total += matched_tokens // self.block_size
+        mrc.total += matched_tokens // self.block_size
         parts = [node.sampled for node in path if node.sampled]
         if parts:
-            sampled = [h for part in parts for h in part]
-            (mrc.reference if matched_tokens else mrc.touch)(sampled)
+            mrc.reference([h for part in parts for h in part])
 
     # --- references ---
     def add_refs(self, node: Node, locks: int, pins: int) -> None:
