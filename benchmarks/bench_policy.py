@@ -187,7 +187,8 @@ class ReuseOracle:
         return self.clock + (1.0 if reused else 0.01)
 
     def on_insert(self, node, tick: int) -> None:  # noqa: ANN001
-        node.prio = max(self._value(h) for h in node.hashes[:-1]) if len(node.hashes) > 1 else 0
+        body = node.hashes[:-1] or node.hashes  # a one-block node is all tail
+        node.prio = max(self._value(h) for h in body)
         node.tail_prio = self._value(node.hashes[-1])
 
     def on_access(self, node, tick: int, hit: bool) -> None:  # noqa: ANN001
