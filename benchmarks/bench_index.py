@@ -201,22 +201,56 @@ def load_trace(path: Path = TRACE) -> list[list[int]]:
         return [json.loads(line)["hash_ids"] for line in f]
 
 
+def trace_namespace(block_size: int) -> Namespace:
+    return Namespace("mooncake", "bfloat16", block_size)
+
+
+def block_tokens(block_id: int, block_size: int) -> list[int]:
+    return [100 + block_id % 40000, 100 + block_id // 40000] + [7] * (block_size - 2)
+
+
+def trace_tokens(ids: list[int], block_size: int, table: dict[int, list[int]]) -> list[int]:
+    """The tokens of a trace request (`table` caches each block's tokens)."""
+    toks: list[int] = []
+    for h in ids:
+        t = table.get(h)
+        if t is None:
+            t = table[h] = block_tokens(h, block_size)
+        toks += t
+    return toks
+
+
 def trace_hashes(trace: list[list[int]], block_size: int = 512) -> dict[int, int]:
     """Trace block id of each chained block hash `replay` inserts."""
-    ns = Namespace("mooncake", "bfloat16", block_size)
+    ns = trace_namespace(block_size)
+    table: dict[int, list[int]] = {}
     out: dict[int, int] = {}
     known: set[int] = set()  # a trace id stands for its whole prefix
     for ids in trace:
         if ids[-1] in known:
             continue
-        toks = [t for h in ids for t in block_tokens(h, block_size)]
+        toks = trace_tokens(ids, block_size, table)
         out.update(zip(block_hashes(ns, toks), ids, strict=True))
         known.update(ids)
     return out
 
 
-def block_tokens(block_id: int, block_size: int) -> list[int]:
-    return [100 + block_id % 40000, 100 + block_id // 40000] + [7] * (block_size - 2)
+def serve_request(
+    cache: PrefixCache, ns: Namespace, lookup: list[int], full: list[int], block_size: int
+) -> int:
+    """What the engine does for one request: match `lookup`, hold the match, insert as many
+    blocks of `full` as the pool can hold, release. Returns the matched blocks."""
+    m = cache.match(ns, lookup)
+    cache.lock(m.handle)
+    want = len(full) // block_size - len(m.block_ids)
+    want = min(want, cache.num_free_blocks() + cache.num_evictable_blocks())
+    blocks = cache.allocate(want)
+    assert blocks is not None
+    n = len(m.block_ids) + want
+    res = cache.insert(ns, full[: n * block_size], m.block_ids + blocks)
+    cache.free(res.duplicates)
+    cache.unlock(m.handle)
+    return len(m.block_ids)
 
 
 def replay(
@@ -230,33 +264,17 @@ def replay(
     """Block hit rate of the PrefixCache (one block per hash id) at `capacity` blocks.
 
     `on_request(r)` is called before request r (for policies that read the future)."""
-    ns = Namespace("mooncake", "bfloat16", block_size)
+    ns = trace_namespace(block_size)
     cache = PrefixCache(capacity, block_size, policy=policy, mrc_sample_rate=mrc_sample_rate)
-    table = {}
+    table: dict[int, list[int]] = {}
     hits = total = 0
     t0 = time.thread_time()
     for r, ids in enumerate(trace):
         if on_request is not None:
             on_request(r)
-        toks = []
-        for h in ids:
-            t = table.get(h)
-            if t is None:
-                t = table[h] = block_tokens(h, block_size)
-            toks += t
-        m = cache.match(ns, toks)
-        hits += len(m.block_ids)
+        toks = trace_tokens(ids, block_size, table)
+        hits += serve_request(cache, ns, toks, toks, block_size)
         total += len(ids)
-        cache.lock(m.handle)
-        want = min(
-            len(ids) - len(m.block_ids), cache.num_free_blocks() + cache.num_evictable_blocks()
-        )
-        blocks = cache.allocate(want)
-        assert blocks is not None
-        n = len(m.block_ids) + want
-        res = cache.insert(ns, toks[: n * block_size], m.block_ids + blocks)
-        cache.free(res.duplicates)
-        cache.unlock(m.handle)
     return {"hit_rate": hits / total, "seconds": time.thread_time() - t0, "cache": cache}
 
 

@@ -78,18 +78,8 @@ def replay_requests(reqs: list[Request], capacity: int, policy) -> float:  # noq
     cache = PrefixCache(capacity, BS, policy=policy, mrc_sample_rate=None)
     hits = total = 0
     for prompt, full in reqs:
-        m = cache.match(ns, prompt[:-1])
-        hits += len(m.block_ids)
+        hits += bi.serve_request(cache, ns, prompt[:-1], full, BS)
         total += (len(prompt) - 1) // BS
-        cache.lock(m.handle)
-        want = len(full) // BS - len(m.block_ids)
-        want = min(want, cache.num_free_blocks() + cache.num_evictable_blocks())
-        blocks = cache.allocate(want)
-        assert blocks is not None
-        n = len(m.block_ids) + want
-        res = cache.insert(ns, full[: n * BS], m.block_ids + blocks)
-        cache.free(res.duplicates)
-        cache.unlock(m.handle)
     return hits / total
 
 

@@ -54,18 +54,19 @@ class Server:
         self.thread.join(timeout=60)
 
 
+# the engine settings of every test server and of the offline reference
+ENGINE_SETTINGS: dict[str, Any] = dict(
+    dtype="float32",
+    num_blocks=NUM_BLOCKS,
+    block_size=BLOCK_SIZE,
+    max_model_len=MAX_MODEL_LEN,
+    max_num_seqs=8,
+    max_num_batched_tokens=1024,
+)
+
+
 def engine_config(model_dir: Path, **overrides: Any) -> EngineConfig:
-    base = dict(
-        model=str(model_dir),
-        dtype="float32",
-        num_blocks=NUM_BLOCKS,
-        block_size=BLOCK_SIZE,
-        max_model_len=MAX_MODEL_LEN,
-        max_num_seqs=8,
-        max_num_batched_tokens=1024,
-    )
-    base.update(overrides)
-    return EngineConfig(**base)
+    return EngineConfig(model=str(model_dir), **{**ENGINE_SETTINGS, **overrides})
 
 
 def start_server(engine_cfg: EngineConfig, api_cfg: ApiConfig) -> Server:
@@ -127,15 +128,7 @@ def auth_server(tiny_model: Path) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def offline(tiny_model: Path) -> LLM:
     """The offline LLM API on the same model and settings: the reference for server outputs."""
-    return LLM(
-        str(tiny_model),
-        dtype="float32",
-        num_blocks=NUM_BLOCKS,
-        block_size=BLOCK_SIZE,
-        max_model_len=MAX_MODEL_LEN,
-        max_num_seqs=8,
-        max_num_batched_tokens=1024,
-    )
+    return LLM(str(tiny_model), **ENGINE_SETTINGS)
 
 
 @pytest.fixture()
