@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from engine.block_manager import BlockManager
     from engine.kv_cache import KVCache
+    from engine.kv_tiers import KVTiers
     from engine.scheduler import Scheduler
     from engine.stats import EngineStats
-    from engine.tier_bridge import TierBridge
     from radixcache.hashing import Namespace
     from radixcache.prefix_cache import PrefixCache
 
@@ -18,7 +19,8 @@ class CacheAnalytics:
     scheduler: Scheduler
     kv_cache: KVCache
     prefix_cache: PrefixCache
-    tiers: TierBridge | None
+    tiers: KVTiers | None
+    blocks: BlockManager
 
     def namespace_for(self, cache_salt: str = "") -> Namespace:
         raise NotImplementedError
@@ -36,18 +38,10 @@ class CacheAnalytics:
 
     def lookup(self, token_ids: list[int], cache_salt: str = "") -> dict[str, int]:
         """Tokens of this prompt's prefix cached per tier, without running or locking it."""
-        ns = self.namespace_for(cache_salt)
-        found = {"device": 0, "host": 0, "disk": 0, "redis": 0}
-        match = self.prefix_cache.peek(ns, token_ids)
-        found["device"] = match.num_tokens
-        if self.tiers is not None:
-            found.update(self.tiers.lookup(ns, token_ids, match.num_tokens, match.last_hash))
-        return found
+        return self.blocks.lookup(self.namespace_for(cache_salt), token_ids)
 
     def flush(self, cache_salt: str | None = None) -> int:
-        return self.prefix_cache.flush(
-            None if cache_salt is None else self.namespace_for(cache_salt)
-        )
+        return self.blocks.flush(None if cache_salt is None else self.namespace_for(cache_salt))
 
     def hottest_prefixes(self, limit: int = 10, cache_salt: str | None = None) -> list:
         ns = None if cache_salt is None else self.namespace_for(cache_salt)

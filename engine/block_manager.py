@@ -1,4 +1,5 @@
-"""Per-sequence block tables on top of the PrefixCache (the one owner of block ids).
+"""The one engine-side owner of a KV block's life: match, load back from the spill tiers,
+allocate (evicting and spilling when short), commit computed blocks to the tree, fork, release.
 
 A sequence's table is [tree blocks | private blocks]:
   block_ids[:num_tree_blocks]  held by the radix tree, kept alive by locking `seq.handle`
@@ -7,20 +8,16 @@ A sequence's table is [tree blocks | private blocks]:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.request import Sequence
+from radixcache.hashing import block_hashes
 
 if TYPE_CHECKING:
     from engine.kv_cache import KVCache
+    from engine.kv_tiers import KVTiers
     from radixcache.hashing import Namespace
     from radixcache.prefix_cache import PrefixCache
-
-# (seq after its device match, hash of its last matched block) -> tokens loaded from lower tiers
-LoadBack = Callable[[Sequence, "int | None"], int]
-# (namespace, hashes, block ids) of blocks just inserted into the tree (write-through tiers)
-Publish = Callable[["Namespace", list[int], list[int]], None]
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -28,14 +25,14 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class BlockManager:
-    """Prefix-caching variant: match at admission, insert full computed blocks after each step."""
+    """Prefix-caching variant: match at admission, insert full computed blocks after each step;
+    with `tiers`, evicted blocks spill down and admission loads the following blocks back."""
 
-    def __init__(self, cache: PrefixCache, kv_cache: KVCache) -> None:
+    def __init__(self, cache: PrefixCache, kv_cache: KVCache, tiers: KVTiers | None = None) -> None:
         self.cache = cache
         self.kv_cache = kv_cache
+        self.tiers = tiers
         self.block_size = cache.block_size
-        self.load_back: LoadBack | None = None  # set by the spill-tier bridge
-        self.publish: Publish | None = None
 
     # --- admission ---
     def admit(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -44,8 +41,8 @@ class BlockManager:
         On failure nothing is held. `num_new_tokens` is the chunk the scheduler wants to run, counted
         from the end of the match (it is clipped by the caller after `match_len`)."""
         last_hash = self._match(seq)
-        if self.load_back is not None and seq.num_computed_tokens < seq.num_tokens - 1:
-            self.load_back(seq, last_hash)
+        if self.tiers is not None and seq.num_computed_tokens < seq.num_tokens - 1:
+            self._load_back(seq, last_hash, self.tiers)
         needed = min(num_new_tokens, seq.num_tokens - seq.num_computed_tokens)
         if not self.allocate(seq, needed):
             self.release(seq)
@@ -69,6 +66,28 @@ class BlockManager:
             seq.cached_by_tier = {"device": match.num_tokens}
         return match.last_hash
 
+    def _load_back(self, seq: Sequence, last_hash: int | None, tiers: KVTiers) -> None:
+        """Loads the longest run of following full blocks of tokens[:-1] from the tiers into new
+        device blocks and commits them to the tree like computed ones."""
+        bs, start = self.block_size, seq.num_computed_tokens
+        end = (seq.num_tokens - 1) // bs * bs
+        if end <= start:
+            return
+        ns = seq.request.namespace
+        hashes = block_hashes(ns, seq.token_ids[start:end], parent_hash=last_hash)
+        loaded = tiers.load(ns, hashes)
+        ids = self._take(len(loaded.blocks)) if loaded.blocks else None
+        if not ids:
+            return
+        tiers.write(ids, loaded)
+        seq.block_ids += ids
+        seq.num_computed_tokens = start + len(ids) * bs
+        self.commit(seq, publish=False)
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens += len(ids) * bs
+            for name in loaded.tiers:
+                seq.cached_by_tier[name] = seq.cached_by_tier.get(name, 0) + bs
+
     # --- growth ---
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Ensures blocks for [0, num_computed + num_new_tokens); False (nothing changed) if short."""
@@ -76,14 +95,44 @@ class BlockManager:
         missing = target - len(seq.block_ids)
         if missing <= 0:
             return True
-        new = self.cache.allocate(missing)
+        new = self._take(missing)
         if new is None:
             return False
         seq.block_ids.extend(new)
         return True
 
-    def commit(self, seq: Sequence) -> None:
-        """Hands newly full, computed blocks to the tree (dedup: switch to the tree's copy)."""
+    def _take(self, n: int) -> list[int] | None:
+        """`n` free block ids; evicts LRU leaves first when short, spilling them to the tiers."""
+        short = n - self.cache.num_free_blocks()
+        if short > 0:
+            if short > self.cache.num_evictable_blocks():
+                return None
+            evicted = self.cache.evict(short)
+            if self.tiers is not None:
+                self.tiers.spill(evicted)
+        return self.cache.allocate(n)
+
+    def lookup(self, ns: Namespace, tokens: list[int]) -> dict[str, int]:
+        """Tokens of this prompt's prefix cached per tier, without running or locking it."""
+        match = self.cache.peek(ns, tokens)
+        found = {"device": match.num_tokens, "host": 0, "disk": 0, "redis": 0}
+        bs, start = self.block_size, match.num_tokens
+        end = len(tokens) // bs * bs
+        if self.tiers is not None and end > start:
+            hashes = block_hashes(ns, tokens[start:end], parent_hash=match.last_hash)
+            found.update(self.tiers.lookup(ns, hashes))
+        return found
+
+    def flush(self, ns: Namespace | None) -> int:
+        """Evicts every unreferenced cached block (of `ns`, or all), spilling it; blocks evicted."""
+        evicted = self.cache.flush(ns)
+        if self.tiers is not None:
+            self.tiers.spill(evicted)
+        return len(evicted)
+
+    def commit(self, seq: Sequence, publish: bool = True) -> None:
+        """Hands newly full, computed blocks to the tree (dedup: switch to the tree's copy) and,
+        with `publish`, to a write-through tier."""
         num_full = seq.num_computed_tokens // self.block_size
         if num_full <= seq.num_tree_blocks:
             return
@@ -103,9 +152,9 @@ class BlockManager:
         if seq.handle is not None:
             self.cache.unlock(seq.handle)
         seq.handle = result.handle
-        if self.publish is not None:
+        if publish and self.tiers is not None:
             new = slice(seq.num_tree_blocks, num_full)
-            self.publish(ns, self.cache.hashes_of(result.handle)[new], seq.block_ids[new])
+            self.tiers.publish(ns, self.cache.hashes_of(result.handle)[new], seq.block_ids[new])
         seq.num_tree_blocks = num_full
 
     # --- forking (parallel sampling) ---
@@ -114,7 +163,7 @@ class BlockManager:
         and a partially filled last block by copy (copy-on-write: both would write into it next)."""
         num_full = parent.num_computed_tokens // self.block_size
         partial = len(parent.block_ids) > num_full
-        copy = self.cache.allocate(1) if partial else []
+        copy = self._take(1) if partial else []
         if copy is None:
             return False
         if parent.handle is not None:
@@ -159,5 +208,5 @@ class NoCacheBlockManager(BlockManager):
         seq.num_computed_tokens = 0
         return None
 
-    def commit(self, seq: Sequence) -> None:
+    def commit(self, seq: Sequence, publish: bool = True) -> None:
         return None

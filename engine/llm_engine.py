@@ -15,6 +15,7 @@ from engine.block_manager import BlockManager, NoCacheBlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import DTYPES, KVCache
+from engine.kv_tiers import KVTiers
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestOutput, request_output
 from engine.request import Request, Sequence
@@ -22,7 +23,6 @@ from engine.sampler import Sampler, SampleRow
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.stats import EngineStats, StepStats
-from engine.tier_bridge import TierBridge
 from radixcache.hashing import Namespace
 from radixcache.prefix_cache import PrefixCache
 
@@ -63,17 +63,12 @@ class LLMEngine(CacheAnalytics):
         )
         self.tiers = self._make_tiers(config)
         self.prefix_cache = PrefixCache(
-            self.kv_cache.num_blocks,
-            config.block_size,
-            policy=config.eviction_policy,
-            on_evict=None if self.tiers is None else self.tiers.on_evict,
+            self.kv_cache.num_blocks, config.block_size, policy=config.eviction_policy
         )
-        manager = BlockManager if config.enable_prefix_caching else NoCacheBlockManager
-        self.blocks = manager(self.prefix_cache, self.kv_cache)
-        if self.tiers is not None and config.enable_prefix_caching:
-            self.tiers.cache = self.prefix_cache
-            self.blocks.load_back = self.tiers.load_back
-            self.blocks.publish = self.tiers.publish
+        if config.enable_prefix_caching:
+            self.blocks = BlockManager(self.prefix_cache, self.kv_cache, self.tiers)
+        else:
+            self.blocks = NoCacheBlockManager(self.prefix_cache, self.kv_cache)
         self.scheduler = Scheduler(
             self.blocks,
             self.kv_cache.num_blocks,
@@ -87,17 +82,17 @@ class LLMEngine(CacheAnalytics):
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
 
-    def _make_tiers(self, config: EngineConfig) -> TierBridge | None:
+    def _make_tiers(self, config: EngineConfig) -> KVTiers | None:
         if config.tiers is None:
             return None
         from storage.tiered import TieredStore
 
-        return TierBridge(TieredStore(config.tiers), self.kv_cache)
+        return KVTiers(TieredStore(config.tiers), self.kv_cache)
 
     def close(self) -> None:
         """Finishes queued tier writes and stops the tier threads."""
         if self.tiers is not None:
-            self.tiers.store.close()
+            self.tiers.close()
 
     # --- requests ---
     def namespace_for(self, cache_salt: str = "") -> Namespace:

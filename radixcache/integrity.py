@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from radixcache.prefix_cache import PrefixCache
+    from radixcache.block_pool import BlockPool
     from radixcache.radix_node import Node
+    from radixcache.radix_tree import RadixTree
 
 
 class IntegrityError(RuntimeError):
@@ -18,7 +20,19 @@ def _require(ok: bool, message: str) -> None:
         raise IntegrityError(message)
 
 
-def check_integrity(cache: PrefixCache) -> None:
+@dataclass(frozen=True)
+class CacheParts:
+    """What the checks read: the prefix cache's pool, tree and private-lock map."""
+
+    pool: BlockPool
+    tree: RadixTree
+    private_locks: dict[int, Node]
+    num_blocks: int
+    block_size: int
+    max_pinned_blocks: int
+
+
+def check_integrity(cache: CacheParts) -> None:
     _check_pool(cache)
     nodes = [n for n in cache.tree.iter_nodes() if n.parent is not None]
     for node in nodes:
@@ -27,12 +41,13 @@ def check_integrity(cache: PrefixCache) -> None:
     _check_counters(cache, nodes)
     _check_evictable(cache, nodes)
     _check_private_locks(cache)
-    st = cache.stats()
-    total = st.free + st.evictable + st.referenced + st.pinned
+    pool, tree = cache.pool, cache.tree
+    evictable = len(tree.block_node) - tree.num_held
+    total = pool.num_free() + evictable + pool.num_private() + tree.num_held
     _require(total == cache.num_blocks, f"occupancy adds up to {total}, not {cache.num_blocks}")
 
 
-def _check_pool(cache: PrefixCache) -> None:
+def _check_pool(cache: CacheParts) -> None:
     pool, tree = cache.pool, cache.tree
     free = pool.free_ids()
     _require(len(set(free)) == len(free), "a block is on the free list twice")
@@ -50,7 +65,7 @@ def _check_pool(cache: PrefixCache) -> None:
     _require(private == pool.num_private(), "private block counter is off")
 
 
-def _check_node(cache: PrefixCache, node: Node) -> None:
+def _check_node(cache: CacheParts, node: Node) -> None:
     bs, parent = cache.block_size, node.parent
     assert parent is not None
     n = len(node.blocks)
@@ -74,7 +89,7 @@ def _check_node(cache: PrefixCache, node: Node) -> None:
     _require(tuple(expected) == node.hashes, f"{node} hashes do not chain from its parent")
 
 
-def _check_hash_index(cache: PrefixCache) -> None:
+def _check_hash_index(cache: CacheParts) -> None:
     tree = cache.tree
     hash_of = {}
     for b, node in tree.block_node.items():
@@ -85,7 +100,7 @@ def _check_hash_index(cache: PrefixCache) -> None:
         _require(h in tree.hash_index, f"cached block {b} is missing from the hash index")
 
 
-def _check_counters(cache: PrefixCache, nodes: list[Node]) -> None:
+def _check_counters(cache: CacheParts, nodes: list[Node]) -> None:
     tree = cache.tree
     locked = sum(len(n.blocks) for n in nodes if n.lock_ref > 0)
     pinned = sum(len(n.blocks) for n in nodes if n.pin_ref > 0)
@@ -96,7 +111,7 @@ def _check_counters(cache: PrefixCache, nodes: list[Node]) -> None:
     _require(pinned <= cache.max_pinned_blocks, "pinned blocks exceed the cap")
 
 
-def _check_evictable(cache: PrefixCache, nodes: list[Node]) -> None:
+def _check_evictable(cache: CacheParts, nodes: list[Node]) -> None:
     tree = cache.tree
     want = {n.id for n in nodes if not n.children and n.lock_ref == 0 and n.pin_ref == 0}
     _require(want == set(tree.evictable_nodes), "evictable set differs from the evictable leaves")
@@ -106,10 +121,10 @@ def _check_evictable(cache: PrefixCache, nodes: list[Node]) -> None:
         _require(n.set_key == (n.evict_prio, n.id), f"{n} changed priority while listed")
 
 
-def _check_private_locks(cache: PrefixCache) -> None:
+def _check_private_locks(cache: CacheParts) -> None:
     pool = cache.pool
     for b in range(cache.num_blocks):
         shared = pool.owned[b] and pool.refcount[b] > 0
-        _require(shared == (b in cache._private_locks), f"block {b} private lock bookkeeping")
-    for b, node in cache._private_locks.items():
+        _require(shared == (b in cache.private_locks), f"block {b} private lock bookkeeping")
+    for b, node in cache.private_locks.items():
         _require(node.lock_ref > 0 and node.parent is not None, f"block {b} lock was dropped")

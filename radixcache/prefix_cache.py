@@ -8,7 +8,7 @@ import numpy as np
 
 from radixcache.block_pool import BlockPool, BlockPoolError
 from radixcache.hashing import Namespace, block_hashes
-from radixcache.integrity import check_integrity
+from radixcache.integrity import CacheParts, check_integrity
 from radixcache.mrc import DEFAULT_RATIOS, MissRatioCurve
 from radixcache.pinning import PinRegistry
 from radixcache.policy import EvictionPolicy, make_policy
@@ -39,7 +39,6 @@ class PrefixCache:
         block_size: int,
         *,
         max_pinned_fraction: float = 0.5,
-        on_evict: Callable[[list[EvictedBlock]], None] | None = None,
         policy: EvictionPolicy | str | None = None,
         hash_fn: HashFn = block_hashes,
         mrc_sample_rate: float | None = -1.0,
@@ -50,7 +49,6 @@ class PrefixCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_pinned_blocks = int(max_pinned_fraction * num_blocks)
-        self.on_evict = on_evict
         self.pool = BlockPool(num_blocks)
         if policy is None or isinstance(policy, str):
             policy = make_policy(policy or "lru")
@@ -79,13 +77,17 @@ class PrefixCache:
         return self.pool.num_free() + self.num_evictable_blocks() >= n
 
     def allocate(self, n: int) -> list[int] | None:
+        """`n` free block ids, evicting (and dropping) LRU leaves when the free list is short.
+
+        A caller that keeps evicted KV (spill tiers) calls `evict` first and spills what it
+        returns; the ids stay unused until the next `allocate`."""
         if n < 0:
             raise ValueError("n must be >= 0")
         short = n - self.pool.num_free()
         if short > 0:
             if short > self.num_evictable_blocks():
                 return None
-            self.evict(short)
+            self.evict(short)  # dropped: see the docstring
         return self.pool.take(n)
 
     def incref(self, block_ids: Sequence[int]) -> None:
@@ -160,7 +162,8 @@ class PrefixCache:
             self._stats_of(ns).inserted_blocks += len(new)
         return InsertResult(ids, node, duplicates)
 
-    def evict(self, n: int) -> int:
+    def evict(self, n: int) -> list[EvictedBlock]:
+        """Frees at least `n` blocks (fewer if not evictable) and returns what they held."""
         victims: list[Victim] = []
         freed = 0
         while freed < n:
@@ -169,8 +172,7 @@ class PrefixCache:
                 break
             victims.append(victim)
             freed += len(victim.blocks)
-        self._release(victims)
-        return freed
+        return self._release(victims)
 
     def hashes_of(self, handle: NodeHandle) -> list[int]:
         out: list[int] = []
@@ -199,15 +201,14 @@ class PrefixCache:
         return self.pins.unpin(ns, _as_tuple(tokens))
 
     # --- maintenance and analytics ---
-    def flush(self, ns: Namespace | None = None) -> int:
+    def flush(self, ns: Namespace | None = None) -> list[EvictedBlock]:
         victims: list[Victim] = []
         while True:
             nodes = [n for n in self.tree.evictable_nodes.values() if ns is None or n.ns == ns]
             if not nodes:
                 break
             victims += [self.tree.evict_node(n) for n in nodes]
-        self._release(victims)
-        return sum(len(v.blocks) for v in victims)
+        return self._release(victims)
 
     def stats(self) -> CacheStats:
         tree = self.tree
@@ -251,25 +252,29 @@ class PrefixCache:
         return [prefix_info(n, preview) for n in nodes[:limit]]
 
     def check_integrity(self) -> None:
-        check_integrity(self)
+        parts = CacheParts(
+            self.pool,
+            self.tree,
+            self._private_locks,
+            self.num_blocks,
+            self.block_size,
+            self.max_pinned_blocks,
+        )
+        check_integrity(parts)
 
     # --- helpers ---
-    def _release(self, victims: list[Victim]) -> None:
-        if not victims:
-            return
+    def _release(self, victims: list[Victim]) -> list[EvictedBlock]:
+        """Returns the victims' blocks to the free list; their KV stays until the ids are reused."""
         bs = self.block_size
+        evicted = []
         for v in victims:
             self._stats_of(v.node.ns).evicted_blocks += len(v.blocks)  # type: ignore[arg-type]
-        if self.on_evict is not None:
-            self.on_evict(
-                [
-                    EvictedBlock(b, v.node.ns, h, list(v.tokens[i * bs : (i + 1) * bs]))  # type: ignore[arg-type]
-                    for v in victims
-                    for i, (b, h) in enumerate(zip(v.blocks, v.hashes, strict=True))
-                ]
-            )
-        for v in victims:
+            evicted += [
+                EvictedBlock(b, v.node.ns, h, list(v.tokens[i * bs : (i + 1) * bs]))  # type: ignore[arg-type]
+                for i, (b, h) in enumerate(zip(v.blocks, v.hashes, strict=True))
+            ]
             self.pool.release_owned(v.blocks)
+        return evicted
 
     def _hash_of(self, block_id: int) -> int:
         node = self.tree.block_node[block_id]

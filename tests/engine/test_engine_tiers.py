@@ -50,7 +50,7 @@ def test_disk_tier_survives_a_restart(tiny_llama, tmp_path):
     tiers = TierConfig(disk_path=tmp_path / "kv", disk_bytes=64 << 20)
     first = _llm(tiny_llama, num_blocks=64, tiers=tiers)
     want = _tokens(first.generate(prompts[:2], GREEDY))
-    first.engine.prefix_cache.flush()  # evict everything: write-back to disk
+    first.engine.flush()  # evict everything: write-back to disk
     first.engine.close()
     second = _llm(tiny_llama, num_blocks=64, tiers=tiers)
     outs = second.generate(prompts[:2], GREEDY)

@@ -19,10 +19,7 @@ def cached(cache: PrefixCache, tokens: list[int]):
 
 
 def evicted_order(cache: PrefixCache, n: int) -> list[int]:
-    out: list[int] = []
-    cache.on_evict = lambda blocks: out.extend(b.block_id for b in blocks)
-    cache.evict(n)
-    return out
+    return [b.block_id for b in cache.evict(n)]
 
 
 def test_a_probationary_block_goes_before_a_reused_one():

@@ -25,7 +25,6 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             20,
             BS,
             max_pinned_fraction=0.3,
-            on_evict=self._on_evict,
             policy=self.policy_factory(),
             mrc_sample_rate=0.5,
         )
@@ -34,7 +33,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.pins: list[tuple[Namespace, list[int]]] = []
         self.content: dict[int, tuple[Namespace, tuple[int, ...]]] = {}
 
-    def _on_evict(self, blocks: list[EvictedBlock]) -> None:
+    def _check_evicted(self, blocks: list[EvictedBlock]) -> None:
         locked = {b for _, ids in self.held for b in ids}
         pinned = {b for n in self.cache.tree.iter_nodes() if n.pin_ref > 0 for b in n.blocks}
         for e in blocks:
@@ -58,6 +57,9 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @rule(ns=ns_st, tokens=tokens_st, keep_locked=st.booleans())
     def insert(self, ns: Namespace, tokens: list[int], keep_locked: bool) -> None:
         n = len(tokens) // BS
+        short = n - self.cache.num_free_blocks()
+        if 0 < short <= self.cache.num_evictable_blocks():  # as the engine does: spill, then take
+            self._check_evicted(self.cache.evict(short))
         blocks = self.cache.allocate(n)
         if blocks is None:
             assert not self.cache.can_allocate(n)
@@ -81,8 +83,9 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @rule(n=st.integers(0, 8))
     def evict(self, n: int) -> None:
         before = self.cache.num_evictable_blocks()
-        freed = self.cache.evict(n)
-        assert freed == min(n, before)
+        evicted = self.cache.evict(n)
+        self._check_evicted(evicted)
+        assert len(evicted) == min(n, before)
 
     @rule(n=st.integers(1, 4))
     def allocate_private(self, n: int) -> None:

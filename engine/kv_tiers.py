@@ -1,0 +1,56 @@
+"""Moves KV bytes between the paged device pool and the spill tiers (TieredStore).
+
+It knows blocks by id and hash only; which sequence or tree node they belong to is the block
+manager's business."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.kv_cache import KVCache
+    from radixcache.hashing import Namespace
+    from radixcache.results import EvictedBlock
+    from storage.tiered import LoadResult, TieredStore
+
+
+class KVTiers:
+    def __init__(self, store: TieredStore, kv_cache: KVCache) -> None:
+        self.store = store
+        self.kv_cache = kv_cache
+        t = kv_cache.tensor
+        self.block_shape = (t.shape[0], t.shape[1], *t.shape[3:])  # [layers, 2, bs, Hkv, D]
+
+    def spill(self, evicted: list[EvictedBlock]) -> None:
+        """Write-back: queues evicted blocks for the tiers. The store copies their KV before
+        returning, so the caller may reuse the ids at once."""
+        by_ns: dict[Namespace, list] = defaultdict(list)
+        kv = self.kv_cache.tensor
+        for b in evicted:
+            by_ns[b.namespace].append((b.block_hash, kv[:, :, b.block_id]))
+        for ns, items in by_ns.items():
+            self.store.store(ns, items)
+
+    def publish(self, ns: Namespace, hashes: list[int], block_ids: list[int]) -> None:
+        """Write-through: freshly computed tree blocks go to the shared tier at once."""
+        if self.store.write_through and block_ids:
+            kv = self.kv_cache.tensor
+            self.store.publish(
+                ns, [(h, kv[:, :, b]) for h, b in zip(hashes, block_ids, strict=True)]
+            )
+
+    def load(self, ns: Namespace, hashes: list[int]) -> LoadResult:
+        """The longest run of leading `hashes` the tiers hold (KV on the host, not yet written)."""
+        return self.store.load_prefix(ns, hashes, shape=self.block_shape)
+
+    def write(self, block_ids: list[int], loaded: LoadResult) -> None:
+        self.kv_cache.write_blocks(block_ids, loaded.blocks)
+
+    def lookup(self, ns: Namespace, hashes: list[int]) -> dict[str, int]:
+        """Tokens of the leading run of `hashes` per tier (no data read)."""
+        return self.store.lookup_tokens(ns, hashes)
+
+    def close(self) -> None:
+        """Finishes queued tier writes and stops the tier threads."""
+        self.store.close()
