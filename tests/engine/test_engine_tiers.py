@@ -41,7 +41,7 @@ def test_host_tier_loads_back_evicted_prefixes(tiny_llama):
     assert again.cached_tokens_by_tier.get("host", 0) == 20
     assert again.num_cached_tokens == 20
     engine.prefix_cache.check_integrity()
-    assert engine.stats_snapshot()["tiers"]["host"]["hits"] >= 5
+    assert engine.snapshot().tiers.tiers["host"].stats.hits >= 5
     engine.close()
 
 

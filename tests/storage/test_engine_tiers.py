@@ -16,6 +16,7 @@ import pytest
 
 from engine.llm import LLM
 from engine.sampling import SamplingParams
+from storage.base import TierStats
 from storage.codec import HEADER_SIZE
 from storage.config import TierConfig
 from storage.tiered import TieredStore
@@ -60,12 +61,12 @@ def tiered_llm(model: Path, tiers: TierConfig) -> LLM:
     return LLM(str(model), **ENGINE, num_blocks=DEVICE_BLOCKS, tiers=tiers)
 
 
-def settle(llm: LLM) -> dict[str, dict[str, float]]:
+def settle(llm: LLM) -> dict[str, TierStats]:
     """Empty the device cache into the tiers, wait for the writes; the tier counters."""
     llm.engine.flush()
     store = tier_store(llm)
     assert store.wait_idle(30)
-    return store.stats()
+    return {name: tier.stats for name, tier in store.stats().tiers.items()}
 
 
 def tier_config(kind: str, tmp: Path, url: str, **kw: object) -> TierConfig:
@@ -90,7 +91,7 @@ def test_load_back_equals_cache_off(
         outs = llm.generate(prompts, PARAMS)
         assert token_ids(outs) == expected
     stats = settle(llm)
-    lower = {name: s["hits"] for name, s in stats.items() if name != "store"}
+    lower = {name: s.hits for name, s in stats.items()}
     assert sum(lower.values()) > 0, stats
     if kind != "chain":
         assert lower[kind] > 0
@@ -113,7 +114,7 @@ def test_restart_on_the_same_disk_folder_gets_disk_hits(
     outs = second.generate(prompts, PARAMS)
     assert token_ids(outs) == expected
     assert outs[0].cached_tokens_by_tier.get("disk", 0) >= 40  # 48-token prompt, 4-token blocks
-    assert tier_store(second).stats()["disk"]["hits"] > 0
+    assert tier_store(second).stats().tiers["disk"].stats.hits > 0
     second.engine.close()
 
 
@@ -146,7 +147,7 @@ def test_two_processes_share_one_redis(
     outs = second.generate(prompts, PARAMS)
     assert token_ids(outs) == expected
     assert outs[0].cached_tokens_by_tier.get("redis", 0) >= 40
-    assert tier_store(second).stats()["redis"]["hits"] > 0
+    assert tier_store(second).stats().tiers["redis"].stats.hits > 0
     second.engine.close()
 
 
@@ -160,12 +161,12 @@ def test_redis_killed_mid_workload(
     redis_server.kill()
     assert token_ids(llm.generate(prompts, PARAMS)) == expected
     stats = settle(llm)["redis"]
-    assert stats["errors"] >= 1 and stats["breaker_opens"] >= 1
+    assert stats.errors >= 1 and stats.breaker_opens >= 1
     redis_server.start()  # back, empty: the tier refills and serves again
     assert token_ids(llm.generate(prompts, PARAMS)) == expected
     settle(llm)
     assert token_ids(llm.generate(prompts, PARAMS)) == expected
-    assert tier_store(llm).stats()["redis"]["hits"] > stats["hits"]
+    assert tier_store(llm).stats().tiers["redis"].stats.hits > stats.hits
     llm.engine.close()
 
 
@@ -186,7 +187,7 @@ def test_corrupt_disk_files_are_recomputed_and_counted(
         f.write_bytes(bytes(data))
     assert token_ids(llm.generate(prompts, PARAMS)) == expected
     stats = settle(llm)["disk"]
-    assert stats["corrupt"] > 0
+    assert stats.corrupt > 0
     llm.engine.close()
 
 
@@ -197,7 +198,7 @@ def test_tiny_disk_budget_stops_writes_serving_continues(
     for _ in range(2):
         assert token_ids(llm.generate(prompts, PARAMS)) == expected
     stats = settle(llm)["disk"]
-    assert stats["rejected_writes"] > 0 and stats["blocks_written"] == 0
+    assert stats.rejected_writes > 0 and stats.blocks_written == 0
     assert not list((tmp_path / "disk").rglob("*.kv"))
     llm.engine.close()
 
