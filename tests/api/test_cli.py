@@ -21,9 +21,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_subprocess(tiny_model: Path, tmp_path: Path) -> None:
+def test_serve_subprocess(tiny_llama: Path, tmp_path: Path) -> None:
     port = free_port()
-    cmd = [sys.executable, "-m", "api.cli", "serve", "--model", str(tiny_model)]
+    cmd = [sys.executable, "-m", "api.cli", "serve", "--model", str(tiny_llama)]
     cmd += ["--port", str(port), "--dtype", "float32", "--kv-memory", "8M"]
     cmd += [
         "--disk-path",
@@ -52,7 +52,7 @@ def test_serve_subprocess(tiny_model: Path, tmp_path: Path) -> None:
             except httpx.TransportError:
                 time.sleep(0.1)  # polling interval
         assert healthy, "server did not come up"
-        body = {"model": tiny_model.name, "prompt": "hello", "max_tokens": 3, "temperature": 0}
+        body = {"model": tiny_llama.name, "prompt": "hello", "max_tokens": 3, "temperature": 0}
         r = httpx.post(url + "/v1/completions", json=body, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     finally:

@@ -14,7 +14,7 @@ import pytest
 from api.config import ApiConfig
 from engine.sampling import SamplingParams
 from engine.stats import EngineSnapshot
-from tests.api.conftest import Server, engine_config, fresh_text, start_server
+from tests.api.servers import Server, engine_config, fresh_text, start_server
 
 LONG = 480  # tokens: a generation that runs long enough to be interrupted
 
@@ -111,8 +111,8 @@ def test_disconnect_during_non_streaming_request_aborts(server) -> None:
 
 
 @pytest.fixture(scope="module")
-def small_queue_server(tiny_model: Path) -> Iterator[Server]:
-    handle = start_server(engine_config(tiny_model), ApiConfig(max_queue=2))
+def small_queue_server(tiny_llama: Path) -> Iterator[Server]:
+    handle = start_server(engine_config(tiny_llama), ApiConfig(max_queue=2))
     yield handle
     handle.stop()
 
