@@ -125,6 +125,31 @@ async def _admin_prompt_op(request: Request, pin: bool) -> tuple[int, int]:
     return tokens, len(ids)
 
 
+@router.get("/integrity")
+async def integrity(request: Request) -> dict[str, Any]:
+    """Admin: recomputes the cache's invariants now and reports the block counts (for soak
+    tests and operators: when idle, nothing should be referenced)."""
+    state = state_of(request)
+    require_admin(state.config, request)
+    error = await asyncio.to_thread(state.engine.integrity_error)
+    snap = await asyncio.to_thread(state.engine.snapshot)
+    cache = snap.cache
+    return {
+        "ok": error is None,
+        "error": error,
+        "blocks": {
+            "total": cache.num_blocks,
+            "free": cache.free,
+            "evictable": cache.evictable,
+            "referenced": cache.referenced,
+            "pinned": cache.pinned,
+            "cached": cache.cached,
+        },
+        "requests": {"running": snap.running, "waiting": snap.waiting},
+        "in_flight": state.engine.in_flight,
+    }
+
+
 @router.post("/pin")
 async def pin(request: Request) -> dict[str, Any]:
     tokens, prompt_tokens = await _admin_prompt_op(request, pin=True)

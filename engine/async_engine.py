@@ -21,6 +21,7 @@ from engine.outputs import RequestOutput
 from engine.request import GenerateJob, Prompt
 from engine.sampling import SamplingParams
 from engine.stats import EngineSnapshot
+from radixcache.integrity import IntegrityError
 from radixcache.stats import CacheStats, PrefixInfo
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,14 @@ class AsyncEngine:
 
     def check_integrity(self) -> None:
         self._call(LLMEngine.check_integrity)
+
+    def integrity_error(self) -> str | None:
+        """check_integrity's finding as text, None when every invariant holds."""
+        try:
+            self.check_integrity()
+        except IntegrityError as exc:
+            return str(exc)
+        return None
 
     def has_unfinished(self) -> bool:
         return self._call(LLMEngine.has_unfinished)
