@@ -17,6 +17,7 @@ from api.body_limit import BodyLimitMiddleware
 from api.config import ApiConfig
 from api.errors import install_error_handlers
 from api.metrics import ApiMetrics
+from api.openapi_bodies import install_request_schemas
 from api.state import ServerState, state_of
 from api.stats_history import StatsHistory
 from engine.config import EngineConfig
@@ -85,6 +86,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=api_config.max_body_bytes)
     app.include_router(routes_openai.router)
     app.include_router(routes_cache.router)
+    install_request_schemas(app)
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
