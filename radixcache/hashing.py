@@ -36,6 +36,9 @@ class Namespace:
         text = "\x1f".join(str(f) for f in fields)
         return _xxh3(b"radixcache-namespace\x00" + text.encode("utf-8"))
 
+    def __hash__(self) -> int:  # the cached seed: the tree looks namespaces up on every call
+        return self.seed
+
     @cached_property
     def seed_bytes(self) -> bytes:
         return self.seed.to_bytes(8, "little")

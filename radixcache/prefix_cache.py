@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
+from itertools import repeat
 
 import numpy as np
 
@@ -68,16 +70,17 @@ class PrefixCache:
         return self.pool.num_free()
 
     def num_evictable_blocks(self) -> int:
-        return len(self.tree.block_node) - self.tree.num_held
+        return self.tree.num_cached - self.tree.num_held
 
     def num_cached_blocks(self) -> int:
-        return len(self.tree.block_node)
+        return self.tree.num_cached
 
     def can_allocate(self, n: int) -> bool:
         return self.pool.num_free() + self.num_evictable_blocks() >= n
 
     def allocate(self, n: int) -> list[int] | None:
-        """`n` free block ids, evicting (and dropping) LRU leaves when the free list is short.
+        """`n` free block ids, evicting (and dropping, see `drop`) LRU leaves when the free list
+        is short.
 
         A caller that keeps evicted KV (spill tiers) calls `evict` first and spills what it
         returns; the ids stay unused until the next `allocate`."""
@@ -87,7 +90,7 @@ class PrefixCache:
         if short > 0:
             if short > self.num_evictable_blocks():
                 return None
-            self.evict(short)  # dropped: see the docstring
+            self.drop(short)
         return self.pool.take(n)
 
     def incref(self, block_ids: Sequence[int]) -> None:
@@ -102,14 +105,15 @@ class PrefixCache:
     def match(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> MatchResult:
         self._check_ns(ns)
         toks = _as_tuple(tokens)
-        walk = self.tree.walk(ns, toks, len(toks) // self.block_size)
-        self.tree.touch(walk.path, walk.num_tokens)
+        tree = self.tree
+        walk = tree.walk(ns, toks, len(toks) // self.block_size)
+        tree.touch(walk.path, walk.num_tokens)
         st = self._stats_of(ns)
         st.lookups += 1
         st.lookup_tokens += len(toks)
         st.hit_tokens += walk.num_tokens
-        last_hash = walk.node.hashes[-1] if walk.path else None
-        return MatchResult(walk.blocks, walk.num_tokens, walk.node, last_hash)
+        last = partial(tree.hash_of_block, walk.node, walk.blocks[-1]) if walk.blocks else None
+        return MatchResult(walk.blocks, walk.num_tokens, walk.node, last)
 
     def peek(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> MatchResult:
         """Like match, but changes nothing (no stats, no recency, no split): for lookups only.
@@ -117,13 +121,15 @@ class PrefixCache:
         The handle is the deepest fully matched node; do not lock it."""
         self._check_ns(ns)
         toks = _as_tuple(tokens)
-        walk = self.tree.walk(ns, toks, len(toks) // self.block_size, split=False)
-        last_hash = self._hash_of(walk.blocks[-1]) if walk.blocks else None
-        return MatchResult(walk.blocks, walk.num_tokens, walk.node, last_hash)
+        tree = self.tree
+        walk = tree.walk(ns, toks, len(toks) // self.block_size, split=False)
+        holder = walk.partial or walk.node
+        last = partial(tree.hash_of_block, holder, walk.blocks[-1]) if walk.blocks else None
+        return MatchResult(walk.blocks, walk.num_tokens, walk.node, last)
 
     def is_cached(self, block_id: int) -> bool:
         """True when the tree owns `block_id` (it may also carry private references)."""
-        return self.pool.owned[block_id]
+        return bool(self.pool.owned[block_id])
 
     def lock(self, handle: NodeHandle) -> None:
         self._check_handle(handle)
@@ -141,12 +147,14 @@ class PrefixCache:
         if len(toks) < n * bs:
             raise ValueError(f"{n} blocks need {n * bs} tokens, got {len(toks)}")
         tree = self.tree
-        walk = tree.walk(ns, toks, n)
+        walk = tree.walk(ns, toks, n, ids=tuple(block_ids[:n]))
         tree.touch(walk.path)
         done = walk.num_tokens // bs
         ids = walk.blocks
-        head = list(block_ids[:done])
-        duplicates = [] if head == ids else [b for b, t in zip(head, ids, strict=True) if b != t]
+        duplicates = []
+        if not walk.by_ids:  # some matched blocks may be the caller's own copies
+            head = list(block_ids[:done])
+            duplicates = [b for b, t in zip(head, ids, strict=True) if b != t]
         node = walk.node
         if done < n:
             new = tuple(block_ids[done:])
@@ -154,7 +162,7 @@ class PrefixCache:
                 shared = self.pool.adopt_many(list(new))
             except BlockPoolError as e:
                 raise ValueError(str(e)) from None
-            node = tree.add_child(node, toks[done * bs : n * bs], new)
+            node = tree.add_child(node, toks[: n * bs], new)
             for b in shared:  # a sibling still holds it privately: keep it from eviction
                 tree.add_refs(node, 1, 0)
                 self._private_locks[b] = node
@@ -164,28 +172,44 @@ class PrefixCache:
 
     def evict(self, n: int) -> list[EvictedBlock]:
         """Frees at least `n` blocks (fewer if not evictable) and returns what they held."""
+        return self._release(self._pop_victims(n, with_hashes=True))
+
+    def drop(self, n: int) -> int:
+        """Like evict, for a caller that keeps nothing of the evicted blocks (no spill tier):
+        no EvictedBlock per block and no hashes. Returns the blocks freed."""
+        freed = 0
+        for v in self._pop_victims(n, with_hashes=False):
+            self._stats_of(v.node.ns).evicted_blocks += len(v.blocks)  # type: ignore[arg-type]
+            self.pool.release_owned(v.blocks)
+            freed += len(v.blocks)
+        return freed
+
+    def _pop_victims(self, n: int, with_hashes: bool) -> list[Victim]:
         victims: list[Victim] = []
         freed = 0
         while freed < n:
-            victim = self.tree.pop_victim(n - freed)
+            victim = self.tree.pop_victim(n - freed, with_hashes)
             if victim is None:
                 break
             victims.append(victim)
             freed += len(victim.blocks)
-        return self._release(victims)
+        return victims
 
     def hashes_of(self, handle: NodeHandle) -> list[int]:
         out: list[int] = []
+        if handle.parent is not None:
+            self.tree.hash_path(handle)
         for node in handle.path():
-            out += node.hashes
+            out += node.hashes  # type: ignore[arg-type]
         return out
 
     def lookup_hash(self, ns: Namespace, block_hash: int, tokens: Sequence[int]) -> int | None:
         """Cached block id of `block_hash` whose stored tokens equal `tokens` (collision guard)."""
+        self.tree.hash_all()  # the index then holds every cached block
         b = self.tree.hash_index.get(block_hash)
         if b is None:
             return None
-        node = self.tree.block_node[b]
+        node = self.tree.owner[b]
         i = node.blocks.index(b) * self.block_size
         same = node.tokens[i : i + self.block_size] == _as_tuple(tokens)
         return b if same and node.ns == ns else None
@@ -212,7 +236,7 @@ class PrefixCache:
 
     def stats(self) -> CacheStats:
         tree = self.tree
-        cached = len(tree.block_node)
+        cached = tree.num_cached
         return CacheStats(
             num_blocks=self.num_blocks,
             block_size=self.block_size,
@@ -265,20 +289,16 @@ class PrefixCache:
     # --- helpers ---
     def _release(self, victims: list[Victim]) -> list[EvictedBlock]:
         """Returns the victims' blocks to the free list; their KV stays until the ids are reused."""
-        bs = self.block_size
-        evicted = []
+        bs, new = self.block_size, tuple.__new__
+        evicted: list[EvictedBlock] = []
         for v in victims:
-            self._stats_of(v.node.ns).evicted_blocks += len(v.blocks)  # type: ignore[arg-type]
-            evicted += [
-                EvictedBlock(b, v.node.ns, h, list(v.tokens[i * bs : (i + 1) * bs]))  # type: ignore[arg-type]
-                for i, (b, h) in enumerate(zip(v.blocks, v.hashes, strict=True))
-            ]
+            n, ns = len(v.blocks), v.node.ns
+            self._stats_of(ns).evicted_blocks += n  # type: ignore[arg-type]
+            per_block = zip(*[iter(v.tokens)] * bs, strict=True)  # a tuple of bs tokens per block
+            fields = zip(v.blocks, repeat(ns, n), v.hashes, map(list, per_block), strict=True)  # type: ignore[arg-type]
+            evicted += map(new, repeat(EvictedBlock, n), fields)  # EvictedBlock(*f), in C
             self.pool.release_owned(v.blocks)
         return evicted
-
-    def _hash_of(self, block_id: int) -> int:
-        node = self.tree.block_node[block_id]
-        return node.hashes[node.blocks.index(block_id)]
 
     def _stats_of(self, ns: Namespace) -> NamespaceStats:
         st = self._ns_stats.get(ns)
