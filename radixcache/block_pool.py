@@ -89,7 +89,7 @@ class BlockPool:
             return len(set(block_ids)) != len(block_ids)
         order = np.arange(len(ids), dtype=np.intp)
         self._slot[ids] = order  # a repeated id keeps only its last position
-        return not np.array_equal(self._slot[ids], order)
+        return bool((self._slot[ids] != order).any())
 
     def release_owned(self, block_ids: Sequence[int]) -> None:
         """The tree drops blocks it owned without private refs: they become free."""
