@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -188,15 +189,21 @@ def percentile(xs: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def serve_times(requests: list[list[int]], bs: int) -> dict[str, list]:
-    """Per request in the engine's order: match, lock, allocate the rest, insert, unlock."""
+def serve_times(requests: list[list[int]], bs: int, as_array: bool) -> dict[str, list]:
+    """Per request in the engine's order: match, lock, allocate the rest, insert, unlock.
+
+    Token ids as lists (what the engine holds) or, with `as_array`, as array("q") (what
+    SGLang's RadixKey holds), built before the clock runs, as the runner does for SGLang."""
     ns = Namespace("bench-model", "bfloat16", bs)
     cache = PrefixCache(sum(len(r) for r in requests) // bs + 1, bs)
+    kind = (lambda t: array("q", t)) if as_array else list
+    fulls = [kind(t) for t in requests]
+    lookups = [kind(t[:-1]) for t in requests]
     match_t, insert_t, matched = [], [], []
     settle()
-    for toks in requests:
+    for toks, lookup in zip(fulls, lookups, strict=True):
         t0 = clock()
-        m = cache.match(ns, toks[:-1])
+        m = cache.match(ns, lookup)
         t1 = clock()
         cache.lock(m.handle)
         blocks = cache.allocate(len(toks) // bs - len(m.block_ids))
@@ -251,10 +258,11 @@ def evict_times(kind: str, seed: int, bs: int, reps: int) -> dict[str, float]:
 
 
 def ours_run(traces: dict[str, list[list[int]]], reps: int) -> dict:
-    out: dict = {"traces": {}, "evict": {}}
+    out: dict = {"traces": {}, "traces_array": {}, "evict": {}}
     for name, trace in traces.items():
         for bs in PEER_BLOCK_SIZES:
-            out["traces"][f"{name}/{bs}"] = serve_times(trace, bs)
+            out["traces"][f"{name}/{bs}"] = serve_times(trace, bs, as_array=False)
+            out["traces_array"][f"{name}/{bs}"] = serve_times(trace, bs, as_array=True)
     for kind, seed in EVICT_TREES.items():
         for bs in PEER_BLOCK_SIZES:
             out["evict"][f"{kind}/{bs}"] = evict_times(kind, seed, bs, reps)
@@ -292,22 +300,23 @@ def peer_comparison(python: str | None, runs: int, reps: int) -> dict:
 
 
 def summarize(ours: list[dict], theirs: list[dict]) -> dict:
-    def trace_stats(runs: list[dict], key: str) -> dict[str, float]:
+    def trace_stats(runs: list[dict], key: str, part: str = "traces") -> dict[str, float]:
         out = {}
         for op in ("match", "insert"):
-            out[f"{op}_p50"] = statistics.median(
-                percentile(r["traces"][key][op], 0.5) for r in runs
-            )
-            out[f"{op}_p99"] = statistics.median(
-                percentile(r["traces"][key][op], 0.99) for r in runs
-            )
+            for q in (50, 99):
+                out[f"{op}_p{q}"] = statistics.median(
+                    percentile(r[part][key][op], q / 100) for r in runs
+                )
         return out
 
     summary: dict = {"runs": len(ours), "traces": {}, "evict": {}}
     if theirs:
         summary["sglang_version"] = theirs[0]["sglang"]
     for key in ours[0]["traces"]:
-        row = {"radixcache": trace_stats(ours, key)}
+        row = {
+            "radixcache": trace_stats(ours, key),
+            "radixcache_array": trace_stats(ours, key, "traces_array"),
+        }
         if theirs:
             row["sglang"] = trace_stats(theirs, key)
             same = ours[0]["traces"][key]["matched"] == theirs[0]["traces"][key]["matched"]
@@ -335,20 +344,20 @@ def print_peer_tables(summary: dict) -> None:
     peer = f"SGLang {summary['sglang_version']}" if have_peer else "SGLang (not run)"
     rows = []
     for key, row in summary["traces"].items():
-        ours = row["radixcache"]
         theirs = row.get("sglang", {})
-        cells = [key]
         for op in ("match", "insert"):
-            o50, o99 = ours[f"{op}_p50"], ours[f"{op}_p99"]
-            t50, t99 = theirs.get(f"{op}_p50"), theirs.get(f"{op}_p99")
-            cells += [f"{o50:.1f} / {o99:.0f}"]
-            cells += [f"{t50:.1f} / {t99:.0f}", f"{o50 / t50:.2f}"] if theirs else ["-", "-"]
-        cells.append(str(row.get("matched_lengths_equal", "-")))
-        rows.append(cells)
+            cells = [key, op]
+            t50 = theirs.get(f"{op}_p50")
+            for side in ("radixcache", "radixcache_array"):
+                o50, o99 = row[side][f"{op}_p50"], row[side][f"{op}_p99"]
+                cells += [f"{o50:.1f} / {o99:.0f}", f"{o50 / t50:.2f}" if theirs else "-"]
+            cells.append(f"{t50:.1f} / {theirs[f'{op}_p99']:.0f}" if theirs else "-")
+            cells.append(str(row.get("matched_lengths_equal", "-")))
+            rows.append(cells)
     print_table(
         f"per request CPU us, p50 / p99 (median of {summary['runs']} alternating runs); "
-        f"x = ours / {peer} at p50",
-        ["trace/block", "match", "sglang", "x", "insert", "sglang", "x", "same match"],
+        f"x = ours / {peer} at p50; ours with token ids as lists and as array('q')",
+        ["trace/block", "op", "ours list", "x", "ours array", "x", "sglang", "same match"],
         rows,
     )
     rows = []

@@ -31,12 +31,14 @@ def unit_blocks(sample_rate: float, block_size: int) -> int:
     return max(1, min(int(1 / sample_rate), UNIT_TOKENS // block_size))
 
 
-def unit_keys(prev: int, tokens: tuple[int, ...], start: int, end: int, size: int) -> list[int]:
+def unit_keys(prev: int, tokens: Sequence[int], start: int, end: int, size: int) -> list[int]:
     """Chained keys of the units tokens[start:end] (`size` tokens each; `prev`: the key of the
     unit before, or the namespace seed). Python's tuple hash: deterministic for int tuples."""
     keys = []
+    as_tuple = type(tokens) is not tuple
     for pos in range(start, end, size):
-        prev = hash((prev, tokens[pos : pos + size])) & MASK64
+        unit = tuple(tokens[pos : pos + size]) if as_tuple else tokens[pos : pos + size]
+        prev = hash((prev, unit)) & MASK64
         keys.append(prev)
     return keys
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import repeat
@@ -15,7 +16,7 @@ from radixcache.mrc import DEFAULT_RATIOS, MissRatioCurve
 from radixcache.pinning import PinRegistry
 from radixcache.policy import EvictionPolicy, make_policy
 from radixcache.radix_node import Node
-from radixcache.radix_tree import HashFn, RadixTree, Victim
+from radixcache.radix_tree import HashFn, RadixTree, Tokens, Victim
 from radixcache.results import (
     EvictedBlock,
     InsertResult,
@@ -29,6 +30,18 @@ from radixcache.stats import CacheStats, MissRatioPoint, NamespaceStats, PrefixI
 def _as_tuple(tokens: Sequence[int] | np.ndarray) -> tuple[int, ...]:
     if isinstance(tokens, np.ndarray):
         return tuple(tokens.tolist())
+    return tuple(tokens)
+
+
+def _as_tokens(tokens: Sequence[int] | np.ndarray) -> Tokens:
+    """array('q') (or a numpy array, copied into one) stays an array: the tree then compares
+    token runs as memory (memcmp); anything else becomes a tuple of ints."""
+    if type(tokens) is array and tokens.typecode == "q":
+        return tokens
+    if isinstance(tokens, np.ndarray):
+        out = array("q")
+        out.frombytes(tokens.astype(np.int64, copy=False).tobytes())
+        return out
     return tuple(tokens)
 
 
@@ -104,7 +117,7 @@ class PrefixCache:
     # --- prefix index ---
     def match(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> MatchResult:
         self._check_ns(ns)
-        toks = _as_tuple(tokens)
+        toks = _as_tokens(tokens)
         tree = self.tree
         walk = tree.walk(ns, toks, len(toks) // self.block_size)
         tree.touch(walk.path, walk.num_tokens)
@@ -120,7 +133,7 @@ class PrefixCache:
 
         The handle is the deepest fully matched node; do not lock it."""
         self._check_ns(ns)
-        toks = _as_tuple(tokens)
+        toks = _as_tokens(tokens)
         tree = self.tree
         walk = tree.walk(ns, toks, len(toks) // self.block_size, split=False)
         holder = walk.partial or walk.node
@@ -143,7 +156,7 @@ class PrefixCache:
         self, ns: Namespace, tokens: Sequence[int] | np.ndarray, block_ids: Sequence[int]
     ) -> InsertResult:
         self._check_ns(ns)
-        bs, toks, n = self.block_size, _as_tuple(tokens), len(block_ids)
+        bs, toks, n = self.block_size, _as_tokens(tokens), len(block_ids)
         if len(toks) < n * bs:
             raise ValueError(f"{n} blocks need {n * bs} tokens, got {len(toks)}")
         tree = self.tree

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ class Node:
         "children",
         "blocks",
         "tokens",
+        "token_array",
         "hashes",
         "depth",
         "lock_ref",
@@ -65,6 +67,7 @@ class Node:
         self.children: dict[tuple[int, ...], Node] = {}
         self.blocks = blocks
         self.tokens = tokens
+        self.token_array: array | None = None  # tokens as array("q"), for callers that pass arrays
         self.hashes = hashes
         self.depth = depth
         self.lock_ref = 0

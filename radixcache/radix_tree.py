@@ -11,6 +11,7 @@ hashed too, so every hash chains from the namespace root.
 from __future__ import annotations
 
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
@@ -23,6 +24,7 @@ from radixcache.policy import EvictionPolicy
 from radixcache.radix_node import Node
 
 HashFn = Callable[[Namespace, Sequence[int], "int | None"], list[int]]
+Tokens = tuple[int, ...] | array  # array("q"): token runs are compared as memory
 
 
 class Walk(NamedTuple):
@@ -108,7 +110,7 @@ class RadixTree:
     def walk(
         self,
         ns: Namespace,
-        tokens: tuple[int, ...],
+        tokens: Tokens,
         num_blocks: int,
         split: bool = True,
         ids: tuple[int, ...] | None = None,
@@ -118,27 +120,31 @@ class RadixTree:
         With split=False the tree is left as is: `node` is then the deepest fully matched node
         and `partial` the child matched part-way. With `ids` (an insert's block ids), a child
         whose blocks are exactly ids at its position is taken without comparing its tokens:
-        the caller got those ids from a match of the same tokens (their KV is the tree's)."""
+        the caller got those ids from a match of the same tokens (their KV is the tree's).
+        `tokens` as array("q") is compared with each node's array copy (memcmp)."""
         bs = self.block_size
         end = num_blocks * bs
         node = self.root(ns)
         pos, blocks, path, by_ids = 0, [], [], ids is not None
+        as_array = type(tokens) is array
         while pos < end:
-            child = node.children.get(tokens[pos : pos + bs])
+            key = tokens[pos : pos + bs]
+            child = node.children.get(tuple(key) if as_array else key)
             if child is None:
                 break
-            size = len(child.tokens)
+            stored = self.token_array(child) if as_array else child.tokens
+            size = len(stored)
             if (
                 pos + size <= end
                 and ids is not None
                 and child.blocks == ids[pos // bs : (pos + size) // bs]
             ):
                 matched = size
-            elif pos + size <= end and child.tokens == tokens[pos : pos + size]:
+            elif pos + size <= end and stored == tokens[pos : pos + size]:
                 matched, by_ids = size, False
             else:
                 by_ids = False
-                matched = self._common_tokens(child.tokens, tokens, pos, end)
+                matched = self._common_tokens(stored, tokens, pos, end)
                 if not split:
                     blocks += child.blocks[: matched // bs]
                     return Walk(node, blocks, pos + matched, path, child)
@@ -151,9 +157,7 @@ class RadixTree:
                 break
         return Walk(node, blocks, pos, path, None, by_ids)
 
-    def _common_tokens(
-        self, stored: tuple[int, ...], tokens: tuple[int, ...], pos: int, end: int
-    ) -> int:
+    def _common_tokens(self, stored: Tokens, tokens: Tokens, pos: int, end: int) -> int:
         """Tokens (whole blocks) shared by `stored` and tokens[pos:end]; the first block is known
         to match. Gallops over doubling windows, then bisects the window that differs: each
         token is compared about twice, in C-level slice compares."""
@@ -198,6 +202,13 @@ class RadixTree:
             if listed:
                 self._list(node)
 
+    @staticmethod
+    def token_array(node: Node) -> array:
+        """The node's tokens as array("q"), made on first use (callers that pass arrays)."""
+        if node.token_array is None:
+            node.token_array = array("q", node.tokens)
+        return node.token_array
+
     # --- hashes ---
     def hash_path(self, node: Node) -> tuple[int, ...]:
         """The chained hashes of `node`, computing them (and its ancestors') if not done yet."""
@@ -237,14 +248,18 @@ class RadixTree:
         self.owner.update(dict.fromkeys(node.blocks, node))
 
     # --- insert ---
-    def add_child(self, parent: Node, tokens: tuple[int, ...], blocks: tuple[int, ...]) -> Node:
+    def add_child(self, parent: Node, tokens: Tokens, blocks: tuple[int, ...]) -> Node:
         """Hang a new node of `blocks` under `parent`; `tokens` is the whole sequence (root
         first), the node holds tokens[parent.end_depth:][: len(blocks) * bs]."""
         bs = self.block_size
         start = parent.end_depth
         own = tokens[start : start + len(blocks) * bs]
+        own_array = None
+        if type(own) is array:
+            own_array, own = own, tuple(own.tolist())
         key = own[:bs]
         node = self._new_node(parent.ns, parent, key, blocks, own, None, start)
+        node.token_array = own_array
         parent.children[key] = node
         self.num_cached += len(blocks)
         self.unhashed[node.id] = node
@@ -283,6 +298,9 @@ class RadixTree:
         node.tokens_saved -= upper.tokens_saved
         parent.children[node.key] = upper
         node.blocks, node.tokens = node.blocks[k:], node.tokens[k * bs :]
+        if node.token_array is not None:
+            upper.token_array = node.token_array[: k * bs]
+            node.token_array = node.token_array[k * bs :]
         node.key, node.parent, node.depth = node.tokens[:bs], upper, upper.end_depth
         upper.children[node.key] = node
         if hashes is None:
@@ -297,7 +315,7 @@ class RadixTree:
         return upper
 
     # --- miss-ratio sampling units ---
-    def _units(self, parent: Node, tokens: tuple[int, ...], start: int, end: int) -> tuple:
+    def _units(self, parent: Node, tokens: Tokens, start: int, end: int) -> tuple:
         """Keys of the sampling units that end in tokens (start, end] (a new node's span)."""
         size = self.unit * self.block_size
         first = start // size  # units ending at or before `start` belong to the ancestors
@@ -377,6 +395,8 @@ class RadixTree:
             node.tokens[keep * bs :],
         )
         node.blocks, node.tokens = node.blocks[:keep], node.tokens[: keep * bs]
+        if node.token_array is not None:
+            node.token_array = node.token_array[: keep * bs]
         self.num_cached -= n
         if hashes is not None:
             node.hashes = hashes[:keep]

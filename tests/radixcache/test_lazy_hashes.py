@@ -102,3 +102,35 @@ def test_caller_copies_of_cached_blocks_are_duplicates_at_block_size_1():
     again = cache.insert(ns, list(range(50, 62)), res.block_ids)  # the tree's own ids
     assert again.duplicates == [] and again.block_ids == res.block_ids
     cache.check_integrity()
+
+
+@pytest.mark.parametrize("bs", [1, 3])
+def test_array_tokens_behave_like_lists(bs: int):
+    """Callers may pass array("q") or numpy token ids (compared as memory): same results."""
+    import random
+    from array import array
+
+    import numpy as np
+
+    ns = Namespace("m", "float32", bs)
+    rng = random.Random(bs)
+    lists, mixed = PrefixCache(400, bs), PrefixCache(400, bs)
+    prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(1, 30))] for _ in range(6)]
+    for step in range(120):
+        tokens = rng.choice(prefixes)[: rng.randrange(0, 30)] + [rng.randrange(1000)] * (step % 4)
+        kind = rng.choice([array("q", tokens), np.array(tokens, dtype=np.int32), tokens])
+        a, b = lists.match(ns, tokens), mixed.match(ns, kind)
+        assert (a.block_ids, a.num_tokens, a.last_hash) == (b.block_ids, b.num_tokens, b.last_hash)
+        assert lists.peek(ns, tokens).num_tokens == mixed.peek(ns, kind).num_tokens
+        for cache, toks in ((lists, tokens), (mixed, kind)):
+            m = cache.match(ns, toks)
+            blocks = cache.allocate(len(tokens) // bs - len(m.block_ids))
+            if blocks is None:
+                cache.evict(cache.num_evictable_blocks())
+                continue
+            res = cache.insert(ns, toks, m.block_ids + blocks)
+            cache.free(res.duplicates)
+        if step % 17 == 0:
+            assert len(lists.evict(5)) == len(mixed.evict(5))
+        mixed.check_integrity()
+    assert lists.stats().namespaces[ns] == mixed.stats().namespaces[ns]
