@@ -6,6 +6,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+OWNED = 1 << 24  # added to a block's state while the radix tree owns it
+
 
 class BlockPoolError(ValueError):
     """A block id was used in a way its state does not allow (double free, bad id)."""
@@ -16,19 +18,25 @@ class BlockPool:
 
     The radix tree owns cached blocks without a private reference (`owned`), so a block is in
     exactly one of: free, owned by the tree, or privately referenced (possibly also owned).
-    `refcount` and `owned` are numpy arrays so that a run of blocks (a whole prompt at block
-    size 1) changes state in a few vector operations instead of a Python step per block.
+    One int32 per block holds both: private references + OWNED while the tree owns it. A numpy
+    array, so that a run of blocks (a whole prompt at block size 1) changes state in a few
+    vector operations instead of a Python step per block.
     """
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
         self.num_blocks = num_blocks
-        self.refcount = np.zeros(num_blocks, dtype=np.int32)
-        self.owned = np.zeros(num_blocks, dtype=np.bool_)
-        self._slot = np.zeros(num_blocks, dtype=np.intp)  # scratch for the duplicate check
+        self.state = np.zeros(num_blocks, dtype=np.int32)
+        self._slot = np.zeros(num_blocks, dtype=np.intp)  # scratch for the repeated-id check
         self._free = list(range(num_blocks - 1, -1, -1))
         self._num_private = 0
+
+    def refcount(self, block_id: int) -> int:
+        return int(self.state[block_id]) % OWNED
+
+    def owned(self, block_id: int) -> bool:
+        return bool(self.state[block_id] >= OWNED)
 
     def num_free(self) -> int:
         return len(self._free)
@@ -44,24 +52,24 @@ class BlockPool:
         del free[len(free) - n :]
         ids.reverse()
         if ids:
-            self.refcount[ids] = 1
+            self.state[ids] = 1
         self._num_private += n
         return ids
 
     def incref(self, block_ids: Iterable[int]) -> None:
         for b in block_ids:
             self._check_referenced(b)
-            self.refcount[b] += 1
+            self.state[b] += 1
 
     def decref(self, block_id: int) -> int:
         """Drop one private reference; returns the remaining count (freed at 0 if not owned)."""
         self._check_referenced(block_id)
-        count = int(self.refcount[block_id]) - 1
-        self.refcount[block_id] = count
-        if count == 0 and not self.owned[block_id]:
+        state = int(self.state[block_id]) - 1
+        self.state[block_id] = state
+        if state == 0:
             self._num_private -= 1
             self._free.append(block_id)
-        return count
+        return state % OWNED
 
     def adopt_many(self, block_ids: Sequence[int]) -> list[int]:
         """The tree takes over one private reference of each block (all checked first).
@@ -70,31 +78,34 @@ class BlockPool:
         n = len(block_ids)
         if not n:
             return []
-        ids = np.fromiter(block_ids, dtype=np.intp, count=n)
-        if ids.min() < 0 or ids.max() >= self.num_blocks:
-            raise BlockPoolError("block id out of range")
-        counts = self.refcount[ids]
-        if counts.min() <= 0 or self.owned[ids].any():
-            bad = next(b for b in block_ids if self.refcount[b] <= 0 or self.owned[b])
+        try:  # a negative id does not fit uintp, one past the end fails the gather
+            ids = np.fromiter(block_ids, dtype=np.uintp, count=n)
+            states = self.state[ids]
+        except (OverflowError, IndexError):
+            raise BlockPoolError("block id out of range") from None
+        if states.min() <= 0 or states.max() >= OWNED:  # unreferenced, or owned already
+            bad = next(b for b in block_ids if not 0 < self.state[b] < OWNED)
             raise BlockPoolError(f"block {bad} is not a private block of the caller")
         if self._has_repeats(block_ids, ids):
             raise BlockPoolError("a block id appears twice")
-        self.owned[ids] = True
-        self.refcount[ids] = counts - 1
         self._num_private -= n
-        return ids[counts > 1].tolist() if counts.max() > 1 else []
+        if states.max() == 1:  # the usual case: the caller's only reference
+            self.state[ids] = OWNED
+            return []
+        self.state[ids] = states + (OWNED - 1)
+        return ids[states > 1].tolist()
 
     def _has_repeats(self, block_ids: Sequence[int], ids: np.ndarray) -> bool:
-        if len(block_ids) <= 64:
+        if len(block_ids) <= 256:
             return len(set(block_ids)) != len(block_ids)
         order = np.arange(len(ids), dtype=np.intp)
         self._slot[ids] = order  # a repeated id keeps only its last position
-        return bool((self._slot[ids] != order).any())
+        return bool(np.count_nonzero(self._slot[ids] != order))
 
     def release_owned(self, block_ids: Sequence[int]) -> None:
         """The tree drops blocks it owned without private refs: they become free."""
         if len(block_ids):
-            self.owned[np.fromiter(block_ids, dtype=np.intp, count=len(block_ids))] = False
+            self.state[np.fromiter(block_ids, dtype=np.uintp, count=len(block_ids))] = 0
             self._free += block_ids
 
     def free_ids(self) -> list[int]:
@@ -103,5 +114,5 @@ class BlockPool:
     def _check_referenced(self, block_id: int) -> None:
         if not 0 <= block_id < self.num_blocks:
             raise BlockPoolError(f"block id {block_id} out of range")
-        if self.refcount[block_id] <= 0:
+        if self.state[block_id] % OWNED <= 0:
             raise BlockPoolError(f"block {block_id} has no private reference")

@@ -58,7 +58,7 @@ def _check_pool(cache: CacheParts, cached: set[int]) -> None:
     free_set = set(free)
     private = 0
     for b in range(cache.num_blocks):
-        rc, owned = pool.refcount[b], pool.owned[b]
+        rc, owned = pool.refcount(b), pool.owned(b)
         _require(rc >= 0, f"block {b} has refcount {rc}")
         _require(owned == (b in cached), f"block {b}: owned={owned} but tree disagrees")
         if b in free_set:
@@ -155,7 +155,7 @@ def _check_evictable(cache: CacheParts, nodes: list[Node]) -> None:
 def _check_private_locks(cache: CacheParts) -> None:
     pool = cache.pool
     for b in range(cache.num_blocks):
-        shared = pool.owned[b] and pool.refcount[b] > 0
+        shared = pool.owned(b) and pool.refcount(b) > 0
         _require(shared == (b in cache.private_locks), f"block {b} private lock bookkeeping")
     for b, node in cache.private_locks.items():
         _require(node.lock_ref > 0 and node.parent is not None, f"block {b} lock was dropped")

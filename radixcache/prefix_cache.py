@@ -111,7 +111,7 @@ class PrefixCache:
 
     def free(self, block_ids: Sequence[int]) -> None:
         for b in block_ids:
-            if self.pool.decref(b) == 0 and self.pool.owned[b]:
+            if self.pool.decref(b) == 0 and self.pool.owned(b):
                 self.tree.add_refs(self._private_locks.pop(b), -1, 0)
 
     # --- prefix index ---
@@ -142,7 +142,7 @@ class PrefixCache:
 
     def is_cached(self, block_id: int) -> bool:
         """True when the tree owns `block_id` (it may also carry private references)."""
-        return bool(self.pool.owned[block_id])
+        return self.pool.owned(block_id)
 
     def lock(self, handle: NodeHandle) -> None:
         self._check_handle(handle)
