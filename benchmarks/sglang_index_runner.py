@@ -4,8 +4,16 @@ Run by benchmarks/bench_index.py as `SGLANG_PYTHON sglang_index_runner.py IN.jso
 imports nothing of radixcache. IN holds the traces and how to build the eviction trees; OUT gets per-request CPU
 microseconds (match, insert) and evict(1,024 tokens) times, measured with the same clock and gc
 handling as bench_index (thread CPU time; gc.collect + gc.freeze after the inputs are built).
-SGLang's import reaches triton and torchvision (GPU / vision packages); they are stood in for by
-empty modules here, before the import, since the radix tree never calls them.
+SGLang's import reaches triton, tvm_ffi and torchvision (GPU / vision packages); they are stood
+in for by empty modules here, before the import, since the radix tree never calls them.
+
+The interpreter's venv, outside the project (what `sglang.srt.mem_cache.radix_cache` imports):
+    python3 -m venv /work/venvs/sglang && P=/work/venvs/sglang/bin/pip
+    $P install torch==2.13.0 numpy && $P install --no-deps sglang==0.5.23
+    $P install orjson psutil pybase64 requests pillow msgspec pydantic pyzmq tqdm aiohttp \
+        starlette transformers packaging ipython dill sentencepiece loguru gguf
+    $P install --no-deps compressed-tensors
+(pip warns that sglang pins other torch / transformers versions: the radix tree does not care.)
 """
 
 from __future__ import annotations
