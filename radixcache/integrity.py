@@ -84,7 +84,7 @@ def _check_node(cache: CacheParts, node: Node) -> None:
     _require(node.lock_ref >= sum(c.lock_ref for c in kids), f"{node} locked less than below")
     _require(node.pin_ref >= sum(c.pin_ref for c in kids), f"{node} pinned less than below")
     arr = node.token_array
-    _require(arr is None or tuple(arr) == node.tokens, f"{node} array copy of its tokens is off")
+    _require(arr is None or arr.tolist() == node.tokens, f"{node} array copy of its tokens is off")
     tree = cache.tree
     if node.hashes is None:
         _require(tree.unhashed.get(node.id) is node, f"{node} is unhashed but not registered")

@@ -35,14 +35,17 @@ def _as_tuple(tokens: Sequence[int] | np.ndarray) -> tuple[int, ...]:
 
 def _as_tokens(tokens: Sequence[int] | np.ndarray) -> Tokens:
     """array('q') (or a numpy array, copied into one) stays an array: the tree then compares
-    token runs as memory (memcmp); anything else becomes a tuple of ints."""
+    token runs as memory (memcmp). A list is used as it is (the tree only slices it); anything
+    else becomes a list of ints."""
+    if type(tokens) is list:
+        return tokens
     if type(tokens) is array and tokens.typecode == "q":
         return tokens
     if isinstance(tokens, np.ndarray):
         out = array("q")
         out.frombytes(tokens.astype(np.int64, copy=False).tobytes())
         return out
-    return tuple(tokens)
+    return list(tokens)
 
 
 class PrefixCache:
@@ -160,7 +163,8 @@ class PrefixCache:
         if len(toks) < n * bs:
             raise ValueError(f"{n} blocks need {n * bs} tokens, got {len(toks)}")
         tree = self.tree
-        walk = tree.walk(ns, toks, n, ids=tuple(block_ids[:n]))
+        ids = block_ids if type(block_ids) is list else list(block_ids)
+        walk = tree.walk(ns, toks, n, ids=ids)
         tree.touch(walk.path)
         done = walk.num_tokens // bs
         ids = walk.blocks
@@ -170,12 +174,12 @@ class PrefixCache:
             duplicates = [b for b, t in zip(head, ids, strict=True) if b != t]
         node = walk.node
         if done < n:
-            new = tuple(block_ids[done:])
+            new = list(block_ids[done:n])
             try:
-                shared = self.pool.adopt_many(list(new))
+                shared = self.pool.adopt_many(new)
             except BlockPoolError as e:
                 raise ValueError(str(e)) from None
-            node = tree.add_child(node, toks[: n * bs], new)
+            node = tree.add_child(node, toks, new)
             for b in shared:  # a sibling still holds it privately: keep it from eviction
                 tree.add_refs(node, 1, 0)
                 self._private_locks[b] = node
@@ -224,18 +228,18 @@ class PrefixCache:
             return None
         node = self.tree.owner[b]
         i = node.blocks.index(b) * self.block_size
-        same = node.tokens[i : i + self.block_size] == _as_tuple(tokens)
+        same = node.tokens[i : i + self.block_size] == list(_as_tuple(tokens))
         return b if same and node.ns == ns else None
 
     # --- pinning ---
     def pin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
         """Pin the cached prefix of `tokens` (capped by max_pinned_fraction); tokens pinned."""
         self._check_ns(ns)
-        return self.pins.pin(ns, _as_tuple(tokens))
+        return self.pins.pin(ns, list(_as_tuple(tokens)))
 
     def unpin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
         """Undo one earlier pin of the same tokens; tokens unpinned."""
-        return self.pins.unpin(ns, _as_tuple(tokens))
+        return self.pins.unpin(ns, list(_as_tuple(tokens)))
 
     # --- maintenance and analytics ---
     def flush(self, ns: Namespace | None = None) -> list[EvictedBlock]:

@@ -55,8 +55,8 @@ class Node:
         ns: Namespace | None,
         parent: Node | None,
         key: tuple[int, ...],
-        blocks: tuple[int, ...],
-        tokens: tuple[int, ...],
+        blocks: list[int],
+        tokens: list[int],
         hashes: tuple[int, ...] | None,
         depth: int,
     ) -> None:

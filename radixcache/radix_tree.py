@@ -24,7 +24,7 @@ from radixcache.policy import EvictionPolicy
 from radixcache.radix_node import Node
 
 HashFn = Callable[[Namespace, Sequence[int], "int | None"], list[int]]
-Tokens = tuple[int, ...] | array  # array("q"): token runs are compared as memory
+Tokens = list[int] | array  # array("q"): token runs are compared as memory
 
 
 class Walk(NamedTuple):
@@ -38,9 +38,9 @@ class Walk(NamedTuple):
 
 class Victim(NamedTuple):
     node: Node
-    blocks: tuple[int, ...]
+    blocks: list[int]
     hashes: tuple[int, ...] | None  # None: never hashed, and the caller did not ask
-    tokens: tuple[int, ...]  # tokens of `blocks`, block_size per block
+    tokens: list[int]  # tokens of `blocks`, block_size per block
 
 
 class BlockNodes:
@@ -104,7 +104,7 @@ class RadixTree:
     def root(self, ns: Namespace) -> Node:
         root = self.roots.get(ns)
         if root is None:
-            root = self.roots[ns] = self._new_node(ns, None, (), (), (), (), 0)
+            root = self.roots[ns] = self._new_node(ns, None, (), [], [], (), 0)
         return root
 
     def walk(
@@ -113,7 +113,7 @@ class RadixTree:
         tokens: Tokens,
         num_blocks: int,
         split: bool = True,
-        ids: tuple[int, ...] | None = None,
+        ids: list[int] | None = None,
     ) -> Walk:
         """Longest cached prefix of tokens[: num_blocks * bs]; splits the last node at its end.
 
@@ -128,8 +128,7 @@ class RadixTree:
         pos, blocks, path, by_ids = 0, [], [], ids is not None
         as_array = type(tokens) is array
         while pos < end:
-            key = tokens[pos : pos + bs]
-            child = node.children.get(tuple(key) if as_array else key)
+            child = node.children.get(tuple(tokens[pos : pos + bs]))
             if child is None:
                 break
             stored = self.token_array(child) if as_array else child.tokens
@@ -248,7 +247,7 @@ class RadixTree:
         self.owner.update(dict.fromkeys(node.blocks, node))
 
     # --- insert ---
-    def add_child(self, parent: Node, tokens: Tokens, blocks: tuple[int, ...]) -> Node:
+    def add_child(self, parent: Node, tokens: Tokens, blocks: list[int]) -> Node:
         """Hang a new node of `blocks` under `parent`; `tokens` is the whole sequence (root
         first), the node holds tokens[parent.end_depth:][: len(blocks) * bs]."""
         bs = self.block_size
@@ -256,8 +255,8 @@ class RadixTree:
         own = tokens[start : start + len(blocks) * bs]
         own_array = None
         if type(own) is array:
-            own_array, own = own, tuple(own.tolist())
-        key = own[:bs]
+            own_array, own = own, own.tolist()
+        key = tuple(own[:bs])
         node = self._new_node(parent.ns, parent, key, blocks, own, None, start)
         node.token_array = own_array
         parent.children[key] = node
@@ -301,7 +300,7 @@ class RadixTree:
         if node.token_array is not None:
             upper.token_array = node.token_array[: k * bs]
             node.token_array = node.token_array[k * bs :]
-        node.key, node.parent, node.depth = node.tokens[:bs], upper, upper.end_depth
+        node.key, node.parent, node.depth = tuple(node.tokens[:bs]), upper, upper.end_depth
         upper.children[node.key] = node
         if hashes is None:
             self.unhashed[upper.id] = upper
