@@ -544,8 +544,10 @@ def main() -> None:
     out: dict = {"block_size": BS}
     out["peer"] = peer_comparison(args.sglang_python, args.runs, 100)
     print_peer_tables(out["peer"])
-    if args.peer_only:
-        write_results(out)
+    if args.peer_only:  # keep the other sections of the last full run
+        path = HERE / "results" / "index.json"
+        old = json.loads(path.read_text()) if path.exists() else {}
+        write_results({**old, "peer": out["peer"]})
         return
     out["hashing"] = bench_hashing(rng, reps)
     h = out["hashing"]
