@@ -83,13 +83,14 @@ class BlockPool:
             states = self.state[ids]
         except (OverflowError, IndexError):
             raise BlockPoolError("block id out of range") from None
-        if states.min() <= 0 or states.max() >= OWNED:  # unreferenced, or owned already
+        top = int(states.max())
+        if states.min() <= 0 or top >= OWNED:  # unreferenced, or owned already
             bad = next(b for b in block_ids if not 0 < self.state[b] < OWNED)
             raise BlockPoolError(f"block {bad} is not a private block of the caller")
         if self._has_repeats(block_ids, ids):
             raise BlockPoolError("a block id appears twice")
         self._num_private -= n
-        if states.max() == 1:  # the usual case: the caller's only reference
+        if top == 1:  # the usual case: the caller's only reference
             self.state[ids] = OWNED
             return []
         self.state[ids] = states + (OWNED - 1)

@@ -10,13 +10,12 @@ hashed too, so every hash chains from the namespace root.
 
 from __future__ import annotations
 
+import heapq
 import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
-
-from sortedcontainers import SortedList
 
 from radixcache.hashing import Namespace, block_hashes
 from radixcache.mrc import MissRatioCurve, unit_blocks, unit_keys
@@ -86,7 +85,9 @@ class RadixTree:
         self.hash_index: dict[int, int] = {}  # chained block hash -> block id (hashed blocks)
         self.owner: dict[int, Node] = {}  # hashed block id -> node holding it
         self.unhashed: dict[int, Node] = {}  # node id -> node not hashed yet
-        self.evictable = SortedList()  # (evict_prio, node id) of unreferenced, unpinned leaves
+        # (evict_prio, node id) of unreferenced, unpinned leaves: a heap whose entries stay
+        # behind when a node is unlisted (stale: node.set_key differs) and are skipped on pop
+        self.evictable: list[tuple[float, int]] = []
         self.evictable_nodes: dict[int, Node] = {}
         self.num_cached = 0  # cached blocks
         self.num_locked = 0  # cached blocks on a locked path
@@ -369,11 +370,9 @@ class RadixTree:
     # --- eviction ---
     def pop_victim(self, max_blocks: int, with_hashes: bool = True) -> Victim | None:
         """Evict up to max_blocks tail blocks of the lowest-priority evictable leaf."""
-        if not self.evictable:
+        node = self._pop_evictable()
+        if node is None:
             return None
-        _, node_id = self.evictable.pop(0)
-        node = self.evictable_nodes.pop(node_id)
-        node.set_key = None
         if node.tail_prio is not None:  # listed by its tail's priority: only the tail goes
             max_blocks = 1
         return self._cut_tail(node, min(max_blocks, len(node.blocks)), with_hashes)
@@ -442,13 +441,27 @@ class RadixTree:
 
     def _list(self, node: Node) -> None:
         node.set_key = (node.evict_prio, node.id)
-        self.evictable.add(node.set_key)
+        heapq.heappush(self.evictable, node.set_key)
         self.evictable_nodes[node.id] = node
+        if len(self.evictable) > 2 * len(self.evictable_nodes) + 64:  # mostly stale: rebuild
+            self.evictable = [n.set_key for n in self.evictable_nodes.values()]  # type: ignore[misc]
+            heapq.heapify(self.evictable)
 
     def _unlist(self, node: Node) -> None:
-        self.evictable.remove(node.set_key)
         del self.evictable_nodes[node.id]
         node.set_key = None
+
+    def _pop_evictable(self) -> Node | None:
+        """The listed leaf of lowest (evict_prio, id), unlisted; None when there is none."""
+        heap, listed = self.evictable, self.evictable_nodes
+        while heap:
+            key = heapq.heappop(heap)
+            node = listed.get(key[1])
+            if node is not None and node.set_key == key:
+                del listed[key[1]]
+                node.set_key = None
+                return node
+        return None
 
     def _new_node(self, ns, parent, key, blocks, tokens, hashes, depth) -> Node:  # noqa: ANN001
         self._next_id += 1
