@@ -194,12 +194,9 @@ class PrefixCache:
     def drop(self, n: int) -> int:
         """Like evict, for a caller that keeps nothing of the evicted blocks (no spill tier):
         no EvictedBlock per block and no hashes. Returns the blocks freed."""
-        freed = 0
-        for v in self._pop_victims(n, with_hashes=False):
-            self._stats_of(v.node.ns).evicted_blocks += len(v.blocks)  # type: ignore[arg-type]
-            self.pool.release_owned(v.blocks)
-            freed += len(v.blocks)
-        return freed
+        victims = self._pop_victims(n, with_hashes=False)
+        self._free_victims(victims)
+        return sum(len(v.blocks) for v in victims)
 
     def _pop_victims(self, n: int, with_hashes: bool) -> list[Victim]:
         victims: list[Victim] = []
@@ -310,12 +307,21 @@ class PrefixCache:
         evicted: list[EvictedBlock] = []
         for v in victims:
             n, ns = len(v.blocks), v.node.ns
-            self._stats_of(ns).evicted_blocks += n  # type: ignore[arg-type]
             per_block = zip(*[iter(v.tokens)] * bs, strict=True)  # a tuple of bs tokens per block
             fields = zip(v.blocks, repeat(ns, n), v.hashes, map(list, per_block), strict=True)  # type: ignore[arg-type]
             evicted += map(new, repeat(EvictedBlock, n), fields)  # EvictedBlock(*f), in C
-            self.pool.release_owned(v.blocks)
+        self._free_victims(victims)
         return evicted
+
+    def _free_victims(self, victims: list[Victim]) -> None:
+        """Counts the victims' blocks as evicted and frees them, in one pool update."""
+        if not victims:
+            return
+        blocks: list[int] = []
+        for v in victims:
+            self._stats_of(v.node.ns).evicted_blocks += len(v.blocks)  # type: ignore[arg-type]
+            blocks += v.blocks
+        self.pool.release_owned(blocks)
 
     def _stats_of(self, ns: Namespace) -> NamespaceStats:
         st = self._ns_stats.get(ns)
