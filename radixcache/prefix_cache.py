@@ -163,8 +163,8 @@ class PrefixCache:
         if len(toks) < n * bs:
             raise ValueError(f"{n} blocks need {n * bs} tokens, got {len(toks)}")
         tree = self.tree
-        ids = block_ids if type(block_ids) is list else list(block_ids)
-        walk = tree.walk(ns, toks, n, ids=ids)
+        given = block_ids if type(block_ids) is list else list(block_ids)
+        walk = tree.walk(ns, toks, n, ids=given)
         tree.touch(walk.path)
         done = walk.num_tokens // bs
         ids = walk.blocks
