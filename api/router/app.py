@@ -32,6 +32,8 @@ from api.router.replicas import Replica, build_replicas
 from api.router.state import RouterState, check_health, health_forever
 from api.router.tokenize import PromptTokenizer
 
+REPLICA_HEADER = "x-radixcache-replica"  # which replica answered (r0, r1, ... in --replica order)
+
 
 def create_router_app(config: RouterConfig) -> FastAPI:
     @asynccontextmanager
@@ -117,14 +119,17 @@ async def _route(request: Request, path: str, schema: type) -> Response:
     identify(state.config.api, request)
     body = await request.body()
     req = parse_body(body, schema)  # the replicas validate again; bad input stops here as a 4xx
-    tokens = await asyncio.to_thread(_prompt_tokens, state, req)
+    tokens, tokenize_us = await asyncio.to_thread(_prompt_tokens, state, req)
     headers = forward_headers(dict(request.headers))
     tried: set[str] = set()
+    route_us = 0.0
     for _ in range(state.config.max_attempts):
         candidates = state.candidates(tried)
         if not candidates:
             break
-        decision = state.choose(candidates, tokens)
+        t0 = time.perf_counter()
+        decision = state.router.choose(candidates, tokens)
+        route_us += (time.perf_counter() - t0) * 1e6
         r = decision.replica
         tried.add(r.name)
         r.load += 1
@@ -135,19 +140,22 @@ async def _route(request: Request, path: str, schema: type) -> Response:
             r.failures += 1
             r.healthy = False  # the health check puts it back when it answers again
             continue
+        state.overhead.add(tokenize_us, route_us)
         r.requests += 1
         r.decisions[decision.reason] += 1
         state.decisions[decision.reason] += 1
         r.predicted_cached_tokens += decision.predicted_tokens
         r.sent(tokens)
         if getattr(req, "stream", False) and opened.response.status_code == 200:
-            return StreamingResponse(_relay(r, opened), media_type="text/event-stream")
+            return StreamingResponse(
+                _relay(r, opened), media_type="text/event-stream", headers={REPLICA_HEADER: r.name}
+            )
         return await _whole(r, opened)
     state.unrouted += 1
     raise ApiError(503, "No replica could take the request", code="no_replica")
 
 
-def _prompt_tokens(state: RouterState, req: Any) -> list[int]:
+def _prompt_tokens(state: RouterState, req: Any) -> tuple[list[int], float]:
     t0 = time.perf_counter()
     tok = state.tokenizer
     try:
@@ -159,8 +167,7 @@ def _prompt_tokens(state: RouterState, req: Any) -> list[int]:
             tokens = tok.encode(first) if isinstance(first, str) else list(first)
     except Exception as exc:  # template errors are the request's fault
         raise ApiError(400, f"Cannot tokenize the prompt: {exc}", param="messages") from exc
-    state.overhead.tokenize_us.append((time.perf_counter() - t0) * 1e6)
-    return tokens
+    return tokens, (time.perf_counter() - t0) * 1e6
 
 
 async def _whole(r: Replica, opened: Opened) -> Response:
@@ -177,7 +184,7 @@ async def _whole(r: Replica, opened: Opened) -> Response:
         await resp.aclose()
     _count_usage(r, body)
     media = resp.headers.get("content-type", "application/json")
-    return Response(body, resp.status_code, media_type=media)
+    return Response(body, resp.status_code, media_type=media, headers={REPLICA_HEADER: r.name})
 
 
 async def _relay(r: Replica, opened: Opened) -> AsyncIterator[bytes]:

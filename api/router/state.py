@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from statistics import mean, quantiles
@@ -13,7 +12,7 @@ from statistics import mean, quantiles
 import httpx
 
 from api.router.config import RouterConfig
-from api.router.policy import Decision, Router
+from api.router.policy import Router
 from api.router.replicas import Replica
 from api.router.tokenize import PromptTokenizer
 
@@ -22,21 +21,23 @@ from api.router.tokenize import PromptTokenizer
 class Overhead:
     """Router time per request, in µs: tokenizing the prompt, then matching and choosing."""
 
-    tokenize_us: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
-    route_us: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+    samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=100_000))
+
+    def add(self, tokenize_us: float, route_us: float) -> None:
+        self.samples.append((tokenize_us, route_us))
 
     def summary(self) -> dict[str, float]:
-        total = [a + b for a, b in zip(self.tokenize_us, self.route_us, strict=True)]
-        if not total:
+        if not self.samples:
             return {"count": 0}
+        total = [a + b for a, b in self.samples]
         cuts = quantiles(total, n=100) if len(total) > 1 else [total[0]] * 99
         return {
             "count": len(total),
             "mean_us": mean(total),
             "p50_us": cuts[49],
             "p99_us": cuts[98],
-            "tokenize_mean_us": mean(self.tokenize_us),
-            "route_mean_us": mean(self.route_us),
+            "tokenize_mean_us": mean(a for a, _ in self.samples),
+            "route_mean_us": mean(b for _, b in self.samples),
         }
 
 
@@ -53,12 +54,6 @@ class RouterState:
 
     def candidates(self, tried: set[str]) -> list[Replica]:
         return [r for r in self.replicas if r.healthy and r.name not in tried]
-
-    def choose(self, candidates: list[Replica], tokens: list[int]) -> Decision:
-        t0 = time.perf_counter()
-        decision = self.router.choose(candidates, tokens)
-        self.overhead.route_us.append((time.perf_counter() - t0) * 1e6)
-        return decision
 
     def stats(self) -> dict:
         return {
