@@ -133,6 +133,7 @@ async def _route(request: Request, path: str, schema: type) -> Response:
         r = decision.replica
         tried.add(r.name)
         r.load += 1
+        r.sent(tokens)  # before the replica answers: a request for the same prefix follows it
         try:
             opened = await open_upstream(state.client, r.spec.url + path, body, headers)
         except UpstreamFailed:
@@ -145,7 +146,6 @@ async def _route(request: Request, path: str, schema: type) -> Response:
         r.decisions[decision.reason] += 1
         state.decisions[decision.reason] += 1
         r.predicted_cached_tokens += decision.predicted_tokens
-        r.sent(tokens)
         if getattr(req, "stream", False) and opened.response.status_code == 200:
             return StreamingResponse(
                 _relay(r, opened), media_type="text/event-stream", headers={REPLICA_HEADER: r.name}

@@ -8,10 +8,15 @@ evicts its least recently used leaves. It keeps no KV, only which token blocks t
 A removed block cannot be cut out of the PrefixCache through its public methods, so it is marked
 dead (by the index's block id) and a match stops at the first dead block; the id is reused (and
 the mark cleared) when the index evicts it or the replica stores the same block again.
+
+With events (`exact`), what the router has just sent counts as pending for `pending_s` seconds:
+the replica is computing it, and a request for the same prefix arriving meanwhile should follow
+(the replica's events confirm the blocks, or the pending mark expires).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from radixcache.hashing import Namespace
@@ -30,8 +35,16 @@ class IndexCounts:
 
 
 class ReplicaIndex:
-    def __init__(self, capacity_blocks: int, block_size: int = 16) -> None:
+    def __init__(
+        self,
+        capacity_blocks: int,
+        block_size: int = 16,
+        exact: bool = False,
+        pending_s: float = 30.0,
+    ) -> None:
         self.capacity_blocks = capacity_blocks
+        self.exact = exact
+        self.pending_s = pending_s
         self.counts = IndexCounts()
         self._reset(block_size)
 
@@ -44,6 +57,7 @@ class ReplicaIndex:
         self._id_of: dict[ReplicaHash, int] = {}  # replica's block hash -> index block id
         self._hash_of: dict[int, ReplicaHash] = {}
         self._dead: set[int] = set()
+        self._pending: dict[int, float] = {}  # index block id -> monotonic expiry (exact only)
 
     # --- fed by events ---
     def stored(
@@ -80,6 +94,7 @@ class ReplicaIndex:
             self._parent.pop(h, None)
             if b is not None:
                 self._hash_of.pop(b, None)
+                self._pending.pop(b, None)
                 self._dead.add(b)
                 self.counts.removed_blocks += 1
 
@@ -87,20 +102,28 @@ class ReplicaIndex:
         self.counts.cleared += 1
         self._reset(self.block_size)
 
-    # --- fed by the router itself (replicas without events) ---
+    # --- fed by the router itself ---
     def sent(self, tokens: list[int]) -> None:
+        """The router sent this prompt: without events, assume the replica keeps it; with events,
+        count its blocks the replica has not confirmed as pending for a while."""
         n = len(tokens) // self.block_size * self.block_size
-        if n:
-            for b in self._insert(tuple(tokens[:n])):
-                self._dead.discard(b)
+        if not n:
+            return
+        expiry = time.monotonic() + self.pending_s
+        for b in self._insert(tuple(tokens[:n])):
+            if self.exact and b not in self._hash_of:
+                self._pending[b] = expiry
+            self._dead.discard(b)
 
     # --- queries ---
     def match(self, tokens: list[int]) -> int:
         """Tokens of the longest prefix of `tokens` the replica holds (a whole number of blocks)."""
         found = self.cache.peek(self.ns, tokens)
-        n = 0
+        now, n = time.monotonic(), 0
         for b in found.block_ids:
             if b in self._dead:
+                break
+            if self.exact and b not in self._hash_of and self._pending.get(b, 0.0) < now:
                 break
             n += 1
         return n * self.block_size
@@ -130,6 +153,7 @@ class ReplicaIndex:
             new = cache.allocate(n - len(found.block_ids)) or []
             for b in new:  # ids reused after an eviction: forget what they held
                 self._dead.discard(b)
+                self._pending.pop(b, None)
                 h = self._hash_of.pop(b, None)
                 if h is not None:
                     self._id_of.pop(h, None)
@@ -148,3 +172,4 @@ class ReplicaIndex:
         self._id_of[h] = b
         self._hash_of[b] = h
         self._dead.discard(b)
+        self._pending.pop(b, None)

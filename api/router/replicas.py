@@ -55,9 +55,8 @@ class Replica:
             return self.index.match(tokens)
 
     def sent(self, tokens: list[int]) -> None:
-        if not self.exact:
-            with self.lock:
-                self.index.sent(tokens)
+        with self.lock:
+            self.index.sent(tokens)
 
     def stats(self) -> dict:
         out = {
@@ -89,7 +88,8 @@ def build_replicas(
 ) -> list[Replica]:
     replicas = []
     for i, spec in enumerate(specs):
-        r = Replica(f"r{i}", spec, ReplicaIndex(capacity_blocks, block_size))
+        index = ReplicaIndex(capacity_blocks, block_size, exact=spec.events is not None)
+        r = Replica(f"r{i}", spec, index)
         if spec.events is not None:
             r.subscriber = EventSubscriber(r.name, spec.events, spec.replay, r.index, r.lock)
         replicas.append(r)

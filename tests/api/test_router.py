@@ -117,6 +117,18 @@ def test_index_follows_stored_removed_cleared() -> None:
     assert index.match(a + b + c) == 0
 
 
+def test_with_events_what_was_sent_is_pending_until_confirmed_or_expired() -> None:
+    a, b = list(range(4)), list(range(4, 8))
+    waiting = ReplicaIndex(64, 4, exact=True, pending_s=60.0)
+    waiting.sent(a + b + [0])
+    assert waiting.match(a + b) == 8  # being computed there: follow it
+    expired = ReplicaIndex(64, 4, exact=True, pending_s=0.0)
+    expired.sent(a + b + [0])
+    assert expired.match(a + b) == 0  # never confirmed by an event: not counted
+    expired.stored([1], None, a, 4)
+    assert expired.match(a + b) == 4  # the event confirms the first block only
+
+
 def test_index_is_bounded_by_its_capacity() -> None:
     index = ReplicaIndex(capacity_blocks=8, block_size=4)
     for k in range(20):
