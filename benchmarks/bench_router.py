@@ -76,6 +76,7 @@ class Row:
             "hit_rate": round(self.cached_tokens / max(self.prompt_tokens, 1), 4),
             "router_overhead_mean_us": round(self.overhead.get("mean_us", 0.0), 1),
             "router_overhead_p99_us": round(self.overhead.get("p99_us", 0.0), 1),
+            "router_cpu_mean_us": round(self.overhead.get("cpu_mean_us", 0.0), 1),
             "decisions": self.decisions,
         }
 
@@ -329,12 +330,13 @@ def print_row(r: dict, header: bool) -> None:
     if header:
         print(
             f"{'row':<16}{'total s':>9}{'TTFT mean/p50/p99 s':>22}{'hit':>8}{'prompt':>9}"
-            f"{'cached':>9}{'router us':>11}  decisions"
+            f"{'cached':>9}{'router us wall/cpu':>20}  decisions"
         )
     ttft = f"{r['ttft_mean_s']:.2f}/{r['ttft_p50_s']:.2f}/{r['ttft_p99_s']:.2f}"
+    router = f"{r['router_overhead_mean_us']:.0f}/{r['router_cpu_mean_us']:.0f}"
     print(
         f"{r['name']:<16}{r['total_s']:>9.1f}{ttft:>22}{r['hit_rate']:>8.3f}{r['prompt_tokens']:>9}"
-        f"{r['cached_tokens']:>9}{r['router_overhead_mean_us']:>11.0f}  {r['decisions']}",
+        f"{r['cached_tokens']:>9}{router:>20}  {r['decisions']}",
         flush=True,
     )
 

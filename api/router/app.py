@@ -119,7 +119,7 @@ async def _route(request: Request, path: str, schema: type) -> Response:
     identify(state.config.api, request)
     body = await request.body()
     req = parse_body(body, schema)  # the replicas validate again; bad input stops here as a 4xx
-    tokens, tokenize_us = await asyncio.to_thread(_prompt_tokens, state, req)
+    tokens, tokenize_us, cpu_us = await asyncio.to_thread(_prompt_tokens, state, req)
     headers = forward_headers(dict(request.headers))
     tried: set[str] = set()
     route_us = 0.0
@@ -127,9 +127,10 @@ async def _route(request: Request, path: str, schema: type) -> Response:
         candidates = state.candidates(tried)
         if not candidates:
             break
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         decision = state.router.choose(candidates, tokens)
         route_us += (time.perf_counter() - t0) * 1e6
+        cpu_us += (time.thread_time() - c0) * 1e6
         r = decision.replica
         tried.add(r.name)
         r.load += 1
@@ -141,7 +142,7 @@ async def _route(request: Request, path: str, schema: type) -> Response:
             r.failures += 1
             r.healthy = False  # the health check puts it back when it answers again
             continue
-        state.overhead.add(tokenize_us, route_us)
+        state.overhead.add(tokenize_us, route_us, cpu_us)
         r.requests += 1
         r.decisions[decision.reason] += 1
         state.decisions[decision.reason] += 1
@@ -155,8 +156,9 @@ async def _route(request: Request, path: str, schema: type) -> Response:
     raise ApiError(503, "No replica could take the request", code="no_replica")
 
 
-def _prompt_tokens(state: RouterState, req: Any) -> tuple[list[int], float]:
-    t0 = time.perf_counter()
+def _prompt_tokens(state: RouterState, req: Any) -> tuple[list[int], float, float]:
+    """The prompt's token ids, the wall time and the CPU time spent (µs)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
     tok = state.tokenizer
     try:
         if isinstance(req, ChatCompletionRequest):
@@ -167,7 +169,7 @@ def _prompt_tokens(state: RouterState, req: Any) -> tuple[list[int], float]:
             tokens = tok.encode(first) if isinstance(first, str) else list(first)
     except Exception as exc:  # template errors are the request's fault
         raise ApiError(400, f"Cannot tokenize the prompt: {exc}", param="messages") from exc
-    return tokens, (time.perf_counter() - t0) * 1e6
+    return tokens, (time.perf_counter() - t0) * 1e6, (time.thread_time() - c0) * 1e6
 
 
 async def _whole(r: Replica, opened: Opened) -> Response:

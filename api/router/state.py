@@ -19,25 +19,29 @@ from api.router.tokenize import PromptTokenizer
 
 @dataclass
 class Overhead:
-    """Router time per request, in µs: tokenizing the prompt, then matching and choosing."""
+    """Router time per request, in µs: tokenizing the prompt, then matching and choosing (wall
+    time, which includes waiting for a busy CPU, and the CPU time those steps used)."""
 
-    samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=100_000))
+    samples: deque[tuple[float, float, float]] = field(
+        default_factory=lambda: deque(maxlen=100_000)
+    )
 
-    def add(self, tokenize_us: float, route_us: float) -> None:
-        self.samples.append((tokenize_us, route_us))
+    def add(self, tokenize_us: float, route_us: float, cpu_us: float) -> None:
+        self.samples.append((tokenize_us, route_us, cpu_us))
 
     def summary(self) -> dict[str, float]:
         if not self.samples:
             return {"count": 0}
-        total = [a + b for a, b in self.samples]
+        total = [a + b for a, b, _ in self.samples]
         cuts = quantiles(total, n=100) if len(total) > 1 else [total[0]] * 99
         return {
             "count": len(total),
             "mean_us": mean(total),
             "p50_us": cuts[49],
             "p99_us": cuts[98],
-            "tokenize_mean_us": mean(a for a, _ in self.samples),
-            "route_mean_us": mean(b for _, b in self.samples),
+            "tokenize_mean_us": mean(a for a, _, _ in self.samples),
+            "route_mean_us": mean(b for _, b, _ in self.samples),
+            "cpu_mean_us": mean(c for _, _, c in self.samples),
         }
 
 
