@@ -27,7 +27,14 @@ from tests.api.router_peers import (
     start_router,
     wait_until,
 )
-from tests.api.servers import ENGINE_SETTINGS, Server, engine_config, fresh_text, start_server
+from tests.api.servers import (
+    ENGINE_SETTINGS,
+    Server,
+    engine_config,
+    fresh_text,
+    metric,
+    start_server,
+)
 
 BS = ENGINE_SETTINGS["block_size"]
 HEADER = "x-radixcache-replica"
@@ -293,6 +300,9 @@ def test_streaming_passes_through_and_reports_usage(router: Any, replicas: list[
         extra_body={"ignore_eos": True},
     )
     assert text == direct.choices[0].message.content and chunks[-1].usage.prompt_tokens > 0
+    scrape = httpx.get(f"{replicas[0].url}/metrics", timeout=10).text
+    assert metric(scrape, "radixcache_kv_events_offered_total") > 0
+    assert metric(scrape, "radixcache_kv_events_dropped_total") == 0
 
 
 def test_round_robin_alternates_and_bad_input_is_a_4xx(
