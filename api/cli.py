@@ -1,4 +1,5 @@
-"""`radixcache` command line: `serve` (the HTTP server) and `pull` (fetch the default model)."""
+"""`radixcache` command line: `serve` (the HTTP server), `route` (a cache-aware router in front of
+several servers) and `pull` (fetch the default model)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from engine.config import EVICTION_POLICIES
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+DEFAULT_MODEL_FOLDER = "SmolLM2-135M-Instruct"  # as engine.loader.default_model names it
 
 
 def parse_size(text: str) -> int:
@@ -60,7 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _model_args(serve)
     _tier_args(serve)
+    _events_args(serve)
     _server_args(serve)
+    route = sub.add_parser(
+        "route",
+        help="run a cache-aware router in front of several replicas",
+        description="An OpenAI-compatible front that sends each request to the replica holding "
+        "the longest cached prefix of its prompt (from the replicas' KV events), balanced by load.",
+        formatter_class=_HelpFormatter,
+    )
+    _route_args(route)
+    _server_args(route)
     pull = sub.add_parser("pull", help="download and convert the default model into the cache")
     pull.add_argument("--cache-dir", type=Path, default=None, help="omitted: the cache folder")
     return parser
@@ -138,6 +150,62 @@ def _tier_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _events_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("KV cache events (vLLM's format, for routers)")
+    g.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        metavar="tcp://HOST:PORT",
+        help="publish every change of the cached set on this ZMQ PUB address",
+    )
+    g.add_argument(
+        "--kv-events-replay-endpoint",
+        default=None,
+        metavar="tcp://HOST:PORT",
+        help="serve replays of past event batches on this ZMQ ROUTER address",
+    )
+    g.add_argument("--kv-events-topic", default="kv-events", help="topic of every message")
+
+
+def _route_args(p: argparse.ArgumentParser) -> None:
+    from api.router.policy import POLICIES, Balance
+
+    g = p.add_argument_group("routing")
+    g.add_argument(
+        "--replica",
+        action="append",
+        default=[],
+        required=True,
+        metavar="http://HOST:PORT[,tcp://HOST:EVENTS[,tcp://HOST:REPLAY]]",
+        help="a replica and, optionally, its KV-events and replay addresses (repeatable)",
+    )
+    g.add_argument("--policy", choices=POLICIES, default="cache-aware", help="routing policy")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="model folder whose tokenizer the router uses; omitted: the default model",
+    )
+    b = Balance()
+    g.add_argument(
+        "--balance-abs-threshold", type=int, default=b.abs_threshold, help="load gap that counts"
+    )
+    g.add_argument(
+        "--balance-rel-threshold",
+        type=float,
+        default=b.rel_threshold,
+        help="load ratio that counts",
+    )
+    g.add_argument(
+        "--cache-threshold",
+        type=float,
+        default=b.cache_threshold,
+        help="shortest cached share of the prompt that counts as a hit",
+    )
+    g.add_argument(
+        "--block-size", type=int, default=16, help="block size of replicas without events"
+    )
+
+
 def _server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("HTTP server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind")
@@ -203,6 +271,19 @@ def engine_config(args: argparse.Namespace, model_path: Path) -> Any:
         eviction_policy=args.eviction_policy,
         num_threads=args.threads,
         tiers=tier_config(args),
+        kv_events=events_config(args),
+    )
+
+
+def events_config(args: argparse.Namespace) -> Any:
+    if args.kv_events_endpoint is None:
+        if args.kv_events_replay_endpoint is not None:
+            raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+        return None
+    from engine.kv_events import KVEventsConfig
+
+    return KVEventsConfig(
+        args.kv_events_endpoint, args.kv_events_replay_endpoint, topic=args.kv_events_topic
     )
 
 
@@ -273,10 +354,53 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"radixcache: serving {state.model_name} at {url}/v1", flush=True)
         print(f"radixcache: KV cache tiers: {describe_tiers(ecfg, blocks)}", flush=True)
         print(f"radixcache: {describe_auth(acfg)}", flush=True)
+        publisher = state.engine.engine.kv_events
+        if publisher is not None:
+            replay = publisher.replay_endpoint or "no replay"
+            print(f"radixcache: KV events at {publisher.endpoint} ({replay})", flush=True)
 
     print(f"radixcache: loading {model_path} ...", flush=True)
     app = create_app(ecfg, acfg, on_ready=ready)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.config import ApiConfig, parse_api_keys
+    from api.router.app import create_router_app
+    from api.router.config import RouterConfig
+    from api.router.policy import Balance
+    from api.router.replicas import ReplicaSpec
+
+    # the router runs no model: it only reads the folder's tokenizer (no torch import)
+    folder = Path(args.model) if args.model else cache_home() / "models" / DEFAULT_MODEL_FOLDER
+    if not (folder / "tokenizer.json").is_file():
+        print(f"radixcache: no tokenizer.json in {folder} (run `radixcache pull`)", file=sys.stderr)
+        return 2
+    acfg = ApiConfig(
+        api_keys=parse_api_keys(args.api_key),
+        admin_key=args.admin_key,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body_bytes,
+    )
+    config = RouterConfig(
+        replicas=tuple(ReplicaSpec.parse(r) for r in args.replica),
+        tokenizer=folder,
+        policy=args.policy,
+        balance=Balance(
+            args.balance_abs_threshold, args.balance_rel_threshold, args.cache_threshold
+        ),
+        api=acfg,
+        block_size=args.block_size,
+    )
+    print(
+        f"radixcache: routing ({args.policy}) at http://{args.host}:{args.port}/v1 over "
+        f"{len(config.replicas)} replica(s)",
+        flush=True,
+    )
+    uvicorn.run(create_router_app(config), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
@@ -285,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "pull":
             return cmd_pull(args)
+        if args.command == "route":
+            return cmd_route(args)
         return cmd_serve(args)
     except ValueError as exc:
         print(f"radixcache: {exc}", file=sys.stderr)

@@ -4,6 +4,7 @@ observed by the API as tokens reach the client."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -73,6 +74,22 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
 
 
+class KVEventsCollector(Collector):
+    """The KV-events publisher's counters (engine.kv_events.PublisherStats), read at scrape time."""
+
+    def __init__(self, read: Callable[[], Any]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._read()
+        yield _counter("kv_events_offered", "KV cache events handed to the publisher", s.offered)
+        yield _counter(
+            "kv_events_dropped", "KV cache events dropped (publisher queue full)", s.dropped
+        )
+        yield _counter("kv_events_batches", "KV event batches published", s.batches)
+        yield _counter("kv_events_replays", "KV event replay requests served", s.replays)
+
+
 class ApiMetrics:
     """The app's registry (never the process-global one, so several apps can live in a process)."""
 
@@ -122,6 +139,9 @@ class ApiMetrics:
         self, read: Callable[[], EngineCounters], tokens_per_s: Callable[[], float]
     ) -> None:
         self.registry.register(EngineCollector(read, tokens_per_s))
+
+    def watch_kv_events(self, read: Callable[[], Any]) -> None:
+        self.registry.register(KVEventsCollector(read))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

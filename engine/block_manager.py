@@ -15,9 +15,11 @@ from radixcache.hashing import block_hashes
 
 if TYPE_CHECKING:
     from engine.kv_cache import KVCache
+    from engine.kv_events import KVEventSink
     from engine.kv_tiers import KVTiers
     from radixcache.hashing import Namespace
     from radixcache.prefix_cache import PrefixCache
+    from radixcache.results import EvictedBlock
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -26,12 +28,20 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 class BlockManager:
     """Prefix-caching variant: match at admission, insert full computed blocks after each step;
-    with `tiers`, evicted blocks spill down and admission loads the following blocks back."""
+    with `tiers`, evicted blocks spill down and admission loads the following blocks back;
+    with `events`, every block that enters or leaves the tree is published."""
 
-    def __init__(self, cache: PrefixCache, kv_cache: KVCache, tiers: KVTiers | None = None) -> None:
+    def __init__(
+        self,
+        cache: PrefixCache,
+        kv_cache: KVCache,
+        tiers: KVTiers | None = None,
+        events: KVEventSink | None = None,
+    ) -> None:
         self.cache = cache
         self.kv_cache = kv_cache
         self.tiers = tiers
+        self.events = events
         self.block_size = cache.block_size
 
     # --- admission ---
@@ -102,14 +112,21 @@ class BlockManager:
         return True
 
     def _take(self, n: int) -> list[int] | None:
-        """`n` free block ids; when short, LRU leaves are evicted first and spilled to the tiers
-        (without tiers `allocate` drops them: no hashes, no records)."""
+        """`n` free block ids; when short, LRU leaves are evicted first, spilled to the tiers and
+        published as removed (with neither, `allocate` drops them: no hashes, no records)."""
         short = n - self.cache.num_free_blocks()
-        if short > 0 and self.tiers is not None:
+        if short > 0 and (self.tiers is not None or self.events is not None):
             if short > self.cache.num_evictable_blocks():
                 return None
-            self.tiers.spill(self.cache.evict(short))
+            self._spill_and_publish(self.cache.evict(short))
         return self.cache.allocate(n)
+
+    def _spill_and_publish(self, evicted: list[EvictedBlock]) -> None:
+        """Blocks that left the tree: spilled to the tiers, published as removed."""
+        if self.tiers is not None:
+            self.tiers.spill(evicted)
+        if self.events is not None:
+            self.events.blocks_evicted([b.block_hash for b in evicted])
 
     def lookup(self, ns: Namespace, tokens: list[int]) -> dict[str, int]:
         """Tokens of this prompt's prefix cached per tier, without running or locking it."""
@@ -125,8 +142,7 @@ class BlockManager:
     def flush(self, ns: Namespace | None) -> int:
         """Evicts every unreferenced cached block (of `ns`, or all), spilling it; blocks evicted."""
         evicted = self.cache.flush(ns)
-        if self.tiers is not None:
-            self.tiers.spill(evicted)
+        self._spill_and_publish(evicted)
         return len(evicted)
 
     def commit(self, seq: Sequence, publish: bool = True) -> None:
@@ -141,7 +157,8 @@ class BlockManager:
         adopted = [
             b for b in seq.block_ids[seq.num_tree_blocks : num_full] if self.cache.is_cached(b)
         ]
-        result = self.cache.insert(ns, tokens, seq.block_ids[:num_full])
+        before = seq.block_ids[:num_full]
+        result = self.cache.insert(ns, tokens, before)
         mine = set(seq.block_ids[:num_full])
         duplicates = [b for b in result.duplicates if b in mine and b not in result.block_ids]
         if duplicates or adopted:
@@ -151,9 +168,21 @@ class BlockManager:
         if seq.handle is not None:
             self.cache.unlock(seq.handle)
         seq.handle = result.handle
+        hashes = None
         if publish and self.tiers is not None:
             new = slice(seq.num_tree_blocks, num_full)
-            self.tiers.publish(ns, self.cache.hashes_of(result.handle)[new], seq.block_ids[new])
+            hashes = self.cache.hashes_of(result.handle)
+            self.tiers.publish(ns, hashes[new], seq.block_ids[new])
+        if self.events is not None:
+            # ours the tree kept: not a sibling's copy it already had, not one handed over before
+            kept = [
+                i
+                for i in range(seq.num_tree_blocks, num_full)
+                if before[i] == result.block_ids[i] and before[i] not in adopted
+            ]
+            self.events.blocks_committed(
+                kept, hashes or self.cache.hashes_of(result.handle), tokens
+            )
         seq.num_tree_blocks = num_full
 
     # --- forking (parallel sampling) ---

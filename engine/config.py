@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from radixcache.policy import POLICIES
 
 if TYPE_CHECKING:
+    from engine.kv_events.config import KVEventsConfig
     from storage.tiered import TierConfig
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -30,6 +31,7 @@ class EngineConfig:
     max_waiting_requests: int = 1024  # bounded queue of the async front
     num_threads: int | None = None  # torch intra-op threads; None = leave as is
     tiers: TierConfig | None = None
+    kv_events: KVEventsConfig | None = None  # publish changes of the cached set (ZMQ, vLLM format)
     seed: int = 0  # global sampling seed for requests without their own seed
 
     def __post_init__(self) -> None:

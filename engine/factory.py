@@ -10,6 +10,7 @@ import torch
 
 from engine.block_manager import BlockManager, NoCacheBlockManager
 from engine.kv_cache import DTYPES, KVCache
+from engine.kv_events import KVEventSink, ZmqEventPublisher
 from engine.kv_tiers import KVTiers
 from engine.model_runner import ModelRunner
 from engine.sampler import Sampler
@@ -33,6 +34,7 @@ class EngineParts:
     kv_cache: KVCache
     prefix_cache: PrefixCache
     tiers: KVTiers | None
+    kv_events: ZmqEventPublisher | None
     blocks: BlockManager
     scheduler: Scheduler
     runner: ModelRunner
@@ -64,9 +66,10 @@ def build_parts(config: EngineConfig) -> EngineParts:
     prefix_cache = PrefixCache(
         kv_cache.num_blocks, config.block_size, policy=config.eviction_policy
     )
-    tiers = _build_tiers(config, kv_cache)
+    publisher, sink = _build_events(config)
+    tiers = _build_tiers(config, kv_cache, sink)
     if config.enable_prefix_caching:
-        blocks = BlockManager(prefix_cache, kv_cache, tiers)
+        blocks = BlockManager(prefix_cache, kv_cache, tiers, sink)
     else:
         blocks = NoCacheBlockManager(prefix_cache, kv_cache)
     scheduler = Scheduler(
@@ -87,6 +90,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         kv_cache=kv_cache,
         prefix_cache=prefix_cache,
         tiers=tiers,
+        kv_events=publisher,
         blocks=blocks,
         scheduler=scheduler,
         runner=ModelRunner(model, kv_cache, device),
@@ -94,9 +98,20 @@ def build_parts(config: EngineConfig) -> EngineParts:
     )
 
 
-def _build_tiers(config: EngineConfig, kv_cache: KVCache) -> KVTiers | None:
+def _build_events(config: EngineConfig) -> tuple[ZmqEventPublisher | None, KVEventSink | None]:
+    if config.kv_events is None or not config.enable_prefix_caching:
+        return None, None
+    publisher = ZmqEventPublisher(config.kv_events)
+    sink = KVEventSink(publisher, config.block_size)
+    sink.cache_cleared()  # the device pool starts empty: consumers drop what they knew of us
+    return publisher, sink
+
+
+def _build_tiers(
+    config: EngineConfig, kv_cache: KVCache, sink: KVEventSink | None
+) -> KVTiers | None:
     if config.tiers is None:
         return None
     from storage.tiered import TieredStore
 
-    return KVTiers(TieredStore(config.tiers), kv_cache)
+    return KVTiers(TieredStore(config.tiers, observer=sink), kv_cache)

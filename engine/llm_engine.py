@@ -39,6 +39,7 @@ class LLMEngine:
         self.kv_cache = parts.kv_cache
         self.prefix_cache = parts.prefix_cache
         self.tiers = parts.tiers
+        self.kv_events = parts.kv_events
         self.blocks = parts.blocks
         self.scheduler = parts.scheduler
         self.runner = parts.runner
@@ -54,6 +55,8 @@ class LLMEngine:
         """Finishes queued tier writes and stops the tier threads."""
         if self.tiers is not None:
             self.tiers.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     # --- requests ---
     def namespace_for(self, cache_salt: str = "") -> Namespace:

@@ -24,7 +24,7 @@ from storage.codec import CorruptBlock, decode_block
 from storage.config import TierConfig
 from storage.loading import LoadJob, leading_run, segments
 from storage.store_stats import StoreSnapshot, StoreStats, TierSnapshot
-from storage.writer import TierWriter
+from storage.writer import TierObserver, TierWriter
 
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
@@ -38,17 +38,28 @@ class LoadResult(NamedTuple):
 
 
 class TieredStore:
-    def __init__(self, config: TierConfig, tiers: list[Tier] | None = None) -> None:
+    def __init__(
+        self,
+        config: TierConfig,
+        tiers: list[Tier] | None = None,
+        observer: TierObserver | None = None,
+    ) -> None:
+        """`observer` is told of every block a tier gains or loses (writes, budget evictions,
+        corrupt values dropped); Redis expiry (TTL, maxmemory) is not observable from here."""
         self.config = config
         self.tiers: list[Tier] = config.build_tiers() if tiers is None else tiers
         self.store_stats = StoreStats()
+        self.observer = observer
         self._redis = next((t for t in self.tiers if t.name == "redis"), None)
         self._writer = TierWriter(
-            self.tiers, self.write_through, config.queue_blocks, self.store_stats
+            self.tiers, self.write_through, config.queue_blocks, self.store_stats, observer
         )
         for i, tier in enumerate(self.tiers):
             target = self._spill_target(i)
-            tier.on_evict = None if target is None else partial(self._writer.put, target)
+            if observer is not None:
+                tier.on_evict = partial(self._evicted, tier, target)
+            else:
+                tier.on_evict = None if target is None else partial(self._writer.put, target)
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="tier-loader")
 
     # --- engine-facing API ---
@@ -126,6 +137,13 @@ class TieredStore:
         for tier in self.tiers:
             tier.close()
 
+    def _evicted(self, tier: Tier, target: Tier | None, ns: Namespace, items: list) -> None:
+        """A tier dropped `items` to stay within its budget: report them, spill them lower."""
+        assert self.observer is not None
+        self.observer.removed(tier.name, ns, [h for h, _ in items])
+        if target is not None:
+            self._writer.put(target, ns, items)
+
     def _spill_target(self, i: int) -> Tier | None:
         if i + 1 >= len(self.tiers):
             return None
@@ -161,6 +179,8 @@ class TieredStore:
         except CorruptBlock:
             tier.stats.corrupt += 1
             tier.delete(job.ns, [h])
+            if self.observer is not None:
+                self.observer.removed(tier.name, job.ns, [h])
             return None
 
     def _promote(self, ns: Namespace, items: list[tuple[int, bytes]]) -> None:

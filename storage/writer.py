@@ -5,6 +5,7 @@ Jobs are (kind, target tier, namespace, items):
   "publish"  freshly computed KV tensors -> Redis (write-through)
   "put"      encoded values -> `target` (spills of a tier's evictions, promotions)
 Queued blocks are capped at `capacity`; over it a job is dropped and counted, never waited for.
+Every completed write is reported to the `observer` (KV events), on this thread.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -26,9 +27,25 @@ if TYPE_CHECKING:
 _Job = tuple[str, Tier | None, "Namespace", list]
 
 
+class TierObserver(Protocol):
+    """Told of every change of a tier's contents (called on the tier threads; must not block)."""
+
+    def stored(self, tier: str, ns: Namespace, hashes: list[int]) -> None: ...
+
+    def removed(self, tier: str, ns: Namespace, hashes: list[int]) -> None: ...
+
+
 class TierWriter:
-    def __init__(self, tiers: list[Tier], write_through: bool, capacity: int, stats: StoreStats):
+    def __init__(
+        self,
+        tiers: list[Tier],
+        write_through: bool,
+        capacity: int,
+        stats: StoreStats,
+        observer: TierObserver | None = None,
+    ):
         self.tiers = tiers
+        self.observer = observer
         self.redis = next((t for t in tiers if t.name == "redis"), None) if write_through else None
         self.capacity = capacity
         self.stats = stats
@@ -51,7 +68,7 @@ class TierWriter:
     def put(self, target: Tier, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
         """Encoded values for `target`; written inline when called on the writer thread itself."""
         if threading.current_thread() is self._thread:
-            target.put(ns, items)
+            self._put(target, ns, items)
         elif items and self._reserve(len(items)):
             self._queue.put(("put", target, ns, items))
 
@@ -89,7 +106,7 @@ class TierWriter:
                 elif kind == "publish":
                     self._write_missing(target, ns, items)
                 else:
-                    target.put(ns, items)
+                    self._put(target, ns, items)
             except Exception:  # a tier bug must not kill the writer; count it on the tier
                 (target or self.tiers[0]).stats.errors += 1
             finally:
@@ -98,8 +115,13 @@ class TierWriter:
                 self._queue.task_done()
         self._queue.task_done()
 
-    @staticmethod
+    def _put(self, tier: Tier, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
+        tier.put(ns, items)
+        if self.observer is not None and items:
+            self.observer.stored(tier.name, ns, [h for h, _ in items])
+
     def _write_missing(
+        self,
         tier: Tier,
         ns: Namespace,
         items: list[tuple[int, torch.Tensor]],
@@ -112,5 +134,5 @@ class TierWriter:
         for h, kv in missing:
             if h not in encoded:
                 encoded[h] = encode_block(kv)
-        tier.put(ns, [(h, encoded[h]) for h, _ in missing])
+        self._put(tier, ns, [(h, encoded[h]) for h, _ in missing])
         return encoded

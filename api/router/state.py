@@ -1,0 +1,92 @@
+"""RouterState: the router's parts and counters, and the health checks that take replicas out
+of rotation and put them back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from statistics import mean, quantiles
+
+import httpx
+
+from api.router.config import RouterConfig
+from api.router.policy import Router
+from api.router.replicas import Replica
+from api.router.tokenize import PromptTokenizer
+
+
+@dataclass
+class Overhead:
+    """Router time per request, in µs: tokenizing the prompt, then matching and choosing (wall
+    time, which includes waiting for a busy CPU, and the CPU time those steps used)."""
+
+    samples: deque[tuple[float, float, float]] = field(
+        default_factory=lambda: deque(maxlen=100_000)
+    )
+
+    def add(self, tokenize_us: float, route_us: float, cpu_us: float) -> None:
+        self.samples.append((tokenize_us, route_us, cpu_us))
+
+    def summary(self) -> dict[str, float]:
+        if not self.samples:
+            return {"count": 0}
+        total = [a + b for a, b, _ in self.samples]
+        cuts = quantiles(total, n=100) if len(total) > 1 else [total[0]] * 99
+        return {
+            "count": len(total),
+            "mean_us": mean(total),
+            "p50_us": cuts[49],
+            "p99_us": cuts[98],
+            "tokenize_mean_us": mean(a for a, _, _ in self.samples),
+            "route_mean_us": mean(b for _, b, _ in self.samples),
+            "cpu_mean_us": mean(c for _, _, c in self.samples),
+        }
+
+
+@dataclass
+class RouterState:
+    config: RouterConfig
+    replicas: list[Replica]
+    router: Router
+    tokenizer: PromptTokenizer
+    client: httpx.AsyncClient
+    overhead: Overhead = field(default_factory=Overhead)
+    decisions: Counter[str] = field(default_factory=Counter)
+    unrouted: int = 0  # requests no replica could take (503)
+
+    def candidates(self, tried: set[str]) -> list[Replica]:
+        return [r for r in self.replicas if r.healthy and r.name not in tried]
+
+    def stats(self) -> dict:
+        return {
+            "policy": self.router.policy,
+            "decisions": dict(self.decisions),
+            "unrouted": self.unrouted,
+            "overhead": self.overhead.summary(),
+            "replicas": {r.name: r.stats() for r in self.replicas},
+        }
+
+
+async def check_health(state: RouterState) -> None:
+    """One round: every replica's /health; a 200 puts it (back) in rotation, anything else takes
+    it out."""
+
+    async def probe(r: Replica) -> None:
+        try:
+            resp = await state.client.get(
+                f"{r.spec.url}/health", timeout=state.config.connect_timeout_s
+            )
+            r.healthy = resp.status_code == 200
+        except httpx.HTTPError:
+            r.healthy = False
+
+    await asyncio.gather(*(probe(r) for r in state.replicas))
+
+
+async def health_forever(state: RouterState) -> None:
+    while True:
+        await asyncio.sleep(state.config.health_interval_s)
+        with contextlib.suppress(Exception):
+            await check_health(state)
