@@ -153,7 +153,7 @@ class ClusterNodes:
 
     def names(self) -> list[str]:
         if self._cluster is None:
-            return [f"{h}:{p}" for h, p in self.address.seeds]
+            return []  # not connected yet (seeds may be replicas or other names for a master)
         return sorted(n.name for n in self._cluster.get_primaries())
 
     def refresh(self) -> None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.client import Pipeline
-from redis.exceptions import AskError, MovedError
+from redis.exceptions import AskError, MovedError, RedisClusterException
 
 from storage.base import EvictCallback, TierStats, block_key
 from storage.codec import CorruptBlock, verify_block
@@ -37,7 +37,7 @@ from storage.redis_nodes import RedisNodes, open_nodes
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
 
-_FAILURES = (redis.RedisError, OSError)
+_FAILURES = (redis.RedisError, RedisClusterException, OSError)  # the latter: no topology
 _MISSING = object()  # a key whose node was down or failed: a miss, a dropped write
 Queue = Callable[[Pipeline, list[str]], None]  # queues the command(s) of one slot group
 
@@ -111,7 +111,8 @@ class RedisTier:
         """False while the tier or every node it knows cools down after a failure."""
         now = self._clock()
         nodes = self.stats.nodes.values()
-        return now >= self.open_until and any(h.up or now >= h.open_until for h in nodes)
+        in_service = not nodes or any(h.up or now >= h.open_until for h in nodes)
+        return now >= self.open_until and in_service
 
     def key(self, ns: Namespace, block_hash: int) -> str:
         return f"{self.prefix}:{block_key(ns, block_hash)}"
@@ -291,5 +292,9 @@ class RedisTier:
         except _FAILURES:
             self._tier_failed()
             return False
-        self._track(self._nodes.names())
+        names = self._nodes.names()
+        self._track(names)
+        for gone in set(self.stats.nodes) - set(names):
+            if not self.stats.nodes[gone].up:  # failed over: its slots are served elsewhere
+                del self.stats.nodes[gone]
         return True

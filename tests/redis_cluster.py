@@ -1,8 +1,8 @@
 """A real 3-master Redis Cluster on free loopback ports, for tests (import the `redis_cluster` fixture).
 
-from tests.redis_cluster import redis_cluster  # noqa: F401  (in a conftest.py or test module)
+from tests.redis_cluster import redis_cluster  # noqa: F401  (in a conftest.py)
 
-def test_x(redis_cluster):
+def test_x(redis_cluster):          # or: with running_cluster(folder) as redis_cluster: ...
     url = redis_cluster.url         # redis+cluster://127.0.0.1:<p1>,127.0.0.1:<p2>,127.0.0.1:<p3>
     node = redis_cluster.owner(key) # the master serving a key's slot
     node.kill()                     # SIGKILL, as a crash would; the others keep serving its peers' slots
@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,37 @@ class RedisClusterServers:
                 return next(n for n in self.nodes if n.port == port)
         raise LookupError(f"slot {slot} not covered")
 
+    def add_replica(self, master: ClusterNode) -> ClusterNode:
+        """A new node replicating `master`, in sync when this returns."""
+        replica = ClusterNode(_mkdir(self.nodes[0].workdir.parent / f"node{len(self.nodes)}"))
+        replica.start()
+        self.nodes.append(replica)
+        subprocess.run(
+            [self.cli, "--cluster", "add-node", replica.address, master.address,
+             "--cluster-slave", "--cluster-master-id", master.node_id()],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=STARTUP_TIMEOUT_S * 3,
+        )  # fmt: skip
+        end = time.monotonic() + STARTUP_TIMEOUT_S * 3
+        while replica.client().info("replication").get("master_link_status") != "up":
+            if time.monotonic() > end:
+                raise RuntimeError("replica did not sync")
+            time.sleep(POLL_S)
+        self.wait_healthy()
+        return replica
+
+    def wait_promoted(self, replica: ClusterNode) -> None:
+        """Until `replica` has taken over its dead master's slots (automatic failover) and every
+        running node's slot map says so."""
+        end = time.monotonic() + STARTUP_TIMEOUT_S * 3
+        while not all(self._serves_slots(n, replica) for n in self.nodes if n.running):
+            if time.monotonic() > end:
+                raise RuntimeError("replica was not promoted")
+            time.sleep(POLL_S)
+        self.wait_healthy()
+
     def restart(self, node: ClusterNode) -> None:
         """Starts a killed node again: same port and nodes.conf (it rejoins with its slots), no data."""
         node.start()
@@ -149,6 +181,11 @@ class RedisClusterServers:
         return ok and len(live) >= expected
 
     @staticmethod
+    def _serves_slots(node: ClusterNode, master: ClusterNode) -> bool:
+        slots = node.client().execute_command("CLUSTER SLOTS")
+        return any(int(owner[1]) == master.port for _, _, owner, *_ in slots)
+
+    @staticmethod
     def _sees_failed(node: ClusterNode, dead: ClusterNode) -> bool:
         peers = node.client().execute_command("CLUSTER NODES")
         flags = [
@@ -162,11 +199,17 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
-    cluster = RedisClusterServers(tmp_path_factory.mktemp("redis-cluster"))
+@contextmanager
+def running_cluster(workdir: Path) -> Iterator[RedisClusterServers]:
+    cluster = RedisClusterServers(workdir)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    with running_cluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster

@@ -1,0 +1,387 @@
+"""The Redis tier on a real 3-master Redis Cluster (tests/fresh_cluster.py): routing, one pipeline
+per node, a master killed or restarted empty, slots moved under the client, corrupt values; then
+the engine (tiny float32 llama, 4-token blocks) through the cluster tier against cache-off output."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis.client import Pipeline
+
+from engine.llm import LLM
+from engine.sampling import SamplingParams
+from radixcache.hashing import Namespace
+from storage.codec import HEADER_SIZE
+from storage.config import TierConfig
+from storage.redis_nodes import ClusterAddress, parse_cluster_url
+from storage.redis_tier import RedisTier
+from storage.tiered import TieredStore
+from tests.engine.conftest import make_tiny_model
+from tests.redis_cluster import ClusterNode, RedisClusterServers, running_cluster
+from tests.redis_server import free_port
+from tests.storage.conftest import chain, encoded
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    """One cluster for the tests that kill nothing (emptied before each)."""
+    with running_cluster(tmp_path_factory.mktemp("shared-cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def fresh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    """A cluster of its own, for the tests that kill or restart nodes."""
+    with running_cluster(tmp_path_factory.mktemp("fresh-cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster(shared_cluster: RedisClusterServers) -> RedisClusterServers:
+    for node in shared_cluster.nodes:
+        node.client().flushall()
+    return shared_cluster
+
+
+class Clock:
+    """The tier's clock, moved by hand past its cool-downs."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def by_owner(cluster: RedisClusterServers, tier: RedisTier, ns: Namespace, hashes: list[int]):
+    return [cluster.owner(tier.key(ns, h)) for h in hashes]
+
+
+# --- URL ---
+def test_cluster_url_parsing() -> None:
+    assert parse_cluster_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7001") == ClusterAddress(
+        (("10.0.0.1", 7000), ("10.0.0.2", 7001))
+    )
+    assert parse_cluster_url("rediss+cluster://u:p%40ss@[::1]:7000,host/0") == ClusterAddress(
+        (("::1", 7000), ("host", 6379)), "u", "p@ss", ssl=True
+    )
+    for bad in ("redis+cluster://", "redis+cluster://h:7000/1", "redis+cluster://h:x"):
+        with pytest.raises(ValueError):
+            parse_cluster_url(bad)
+
+
+# --- the tier on a healthy cluster ---
+def test_keys_spread_over_every_master_with_ttl(
+    cluster: RedisClusterServers, ns: Namespace
+) -> None:
+    tier = RedisTier(cluster.url, prefix="rc-test", ttl_s=600)
+    hashes = chain(ns, 60)
+    items = encoded(hashes)
+    tier.put(ns, items)
+    key = f"rc-test:{ns.hex}:{hashes[0]:016x}"  # the spill format of DESIGN.md, no hash tag
+    assert cluster.client().exists(key) == 1
+    assert 590 <= cluster.client().ttl(key) <= 600
+    per_node = [node.client().dbsize() for node in cluster.nodes]
+    assert sum(per_node) == 60 and min(per_node) >= 10, per_node  # ~20 each, by slot
+    assert tier.contains(ns, hashes) == [True] * 60
+    assert tier.get(ns, hashes) == [v for _, v in items]
+    snap = tier.stats.snapshot()
+    assert snap["nodes_up"] == 3 and snap["nodes_down"] == 0
+    assert sorted(snap["nodes"]) == sorted(n.address for n in cluster.nodes)
+    assert sum(h["blocks_read"] for h in snap["nodes"].values()) == 60
+    tier.close()
+
+
+def test_a_load_back_is_one_pipeline_per_node(
+    cluster: RedisClusterServers, ns: Namespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = RedisTier(cluster.url)
+    hashes = chain(ns, 48)
+    tier.put(ns, encoded(hashes))
+    sent: list[int] = []  # commands per executed pipeline (one network round trip each)
+    execute = Pipeline.execute
+
+    def counting(pipe: Pipeline, raise_on_error: bool = True) -> list:
+        sent.append(len(pipe.command_stack))
+        return execute(pipe, raise_on_error)
+
+    monkeypatch.setattr(Pipeline, "execute", counting)
+    assert all(v is not None for v in tier.get(ns, hashes))
+    assert len(sent) == 3 and sum(sent) <= 48  # one MGET per slot group, one pipeline per node
+    tier.close()
+
+
+def test_corrupt_value_on_one_node_is_discarded(
+    cluster: RedisClusterServers, ns: Namespace
+) -> None:
+    tier = RedisTier(cluster.url)
+    hashes = chain(ns, 6)
+    items = encoded(hashes)
+    tier.put(ns, items)
+    key = tier.key(ns, hashes[2])
+    node = cluster.owner(key)
+    bad = bytearray(items[2][1])
+    bad[HEADER_SIZE + 3] ^= 0x01
+    node.client().set(key, bytes(bad))  # planted straight on the master that owns the slot
+    got = tier.get(ns, hashes)
+    assert got == [v for _, v in items[:2]] + [None] + [v for _, v in items[3:]]
+    assert tier.stats.corrupt == 1
+    assert node.client().exists(key) == 0  # deleted, not served again
+    tier.close()
+
+
+def test_moved_slots_reread_the_topology(cluster: RedisClusterServers, ns: Namespace) -> None:
+    tier = RedisTier(cluster.url)
+    hashes = chain(ns, 12)
+    items = encoded(hashes)
+    tier.put(ns, items)
+    moved = [tier.key(ns, h) for h in hashes[:3]]
+    for key in moved:  # the tier's slot map is now stale for these keys
+        migrate_slot(cluster, key)
+    assert tier.get(ns, hashes) == [v for _, v in items]
+    stats = tier.stats.snapshot()
+    assert stats["topology_refreshes"] >= 1
+    assert sum(h["redirects"] for h in stats["nodes"].values()) >= 1
+    assert stats["errors"] == 0
+    tier.close()
+
+
+def migrate_slot(cluster: RedisClusterServers, key: str) -> None:
+    """Moves the slot of `key` (with its keys) to another master, as a resharding does."""
+    slot = cluster.client().keyslot(key)
+    source = cluster.owner(key)
+    target = next(n for n in cluster.nodes if n is not source)
+    src, dst = source.client(), target.client()
+    dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source.node_id())
+    src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target.node_id())
+    keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+    if keys:
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+    for node in cluster.nodes:
+        node.client().execute_command("CLUSTER SETSLOT", slot, "NODE", target.node_id())
+    assert cluster.owner(key) is target
+
+
+def test_unreachable_cluster_is_a_miss(ns: Namespace) -> None:
+    tier = RedisTier(f"redis+cluster://127.0.0.1:{free_port()}", socket_timeout_s=0.2)
+    start = time.perf_counter()
+    assert tier.get(ns, chain(ns, 2)) == [None, None]
+    tier.put(ns, encoded(chain(ns, 2)))
+    assert tier.contains(ns, chain(ns, 2)) == [False, False]
+    assert time.perf_counter() - start < 2.0  # one failed connect, then the breaker answers
+    assert tier.stats.breaker_opens == 1 and tier.stats.rejected_writes == 2
+    assert not tier.available()
+    tier.close()
+
+
+# --- faults: a fresh cluster per test ---
+def test_dead_master_costs_only_its_blocks(fresh_cluster: RedisClusterServers, ns) -> None:
+    clock = Clock()
+    tier = RedisTier(fresh_cluster.url, cooldown_s=5.0, clock=clock)
+    hashes = chain(ns, 60)
+    items = encoded(hashes)
+    tier.put(ns, items)
+    dead = fresh_cluster.owner(tier.key(ns, hashes[0]))
+    on_dead = [o is dead for o in by_owner(fresh_cluster, tier, ns, hashes)]
+    dead.kill()
+
+    start = time.perf_counter()
+    got = tier.get(ns, hashes)  # the failing call: dead node's blocks miss, the rest are served
+    assert got == [None if d else v for d, (_, v) in zip(on_dead, items, strict=True)]
+    for _ in range(20):  # breaker open: the dead node is skipped, no connect attempts
+        assert tier.contains(ns, hashes) == [not d for d in on_dead]
+    more = chain(ns, 30, start=10_000)
+    more_dead = sum(o is dead for o in by_owner(fresh_cluster, tier, ns, more))
+    tier.put(ns, encoded(more))
+    assert time.perf_counter() - start < 2.0  # nothing waits on the dead node
+    health = tier.stats.snapshot()["nodes"]
+    assert health[dead.address]["up"] == 0 and health[dead.address]["breaker_opens"] == 1
+    assert health[dead.address]["rejected_writes"] == more_dead > 0
+    assert tier.stats.rejected_writes == more_dead
+    assert all(h["up"] == 1 and h["errors"] == 0 for a, h in health.items() if a != dead.address)
+    assert tier.contains(ns, more) == [
+        o is not dead for o in by_owner(fresh_cluster, tier, ns, more)
+    ]
+    assert tier.stats.snapshot()["nodes_down"] == 1
+
+    fresh_cluster.restart(dead)  # same slots, no data
+    clock.now = 5.0  # cool-down over: topology reread, node tried again
+    assert tier.get(ns, hashes) == [
+        None if d else v for d, (_, v) in zip(on_dead, items, strict=True)
+    ]
+    assert tier.stats.snapshot()["nodes_down"] == 0 and tier.available()
+    tier.put(ns, items)  # refilled
+    assert tier.get(ns, hashes) == [v for _, v in items]
+    tier.close()
+
+
+def test_failover_to_a_replica_is_picked_up(fresh_cluster: RedisClusterServers, ns) -> None:
+    clock = Clock()
+    tier = RedisTier(fresh_cluster.url, cooldown_s=5.0, clock=clock)
+    hashes = chain(ns, 30)
+    items = encoded(hashes)
+    master = fresh_cluster.owner(tier.key(ns, hashes[0]))
+    replica = fresh_cluster.add_replica(master)
+    tier.put(ns, items)
+    assert master.client().execute_command("WAIT", 1, 5000) == 1  # replicated before the crash
+    on_master = [o is master for o in by_owner(fresh_cluster, tier, ns, hashes)]
+    master.kill()
+    assert tier.get(ns, hashes) == [
+        None if m else v for m, (_, v) in zip(on_master, items, strict=True)
+    ]
+    fresh_cluster.wait_promoted(replica)
+    clock.now = 5.0  # half-open: the tier rereads the slot map and finds the promoted replica
+    assert tier.get(ns, hashes) == [v for _, v in items]
+    snap = tier.stats.snapshot()
+    assert snap["nodes"][replica.address]["up"] == 1 and snap["topology_refreshes"] >= 1
+    assert master.address not in snap["nodes"] and snap["nodes_down"] == 0
+    tier.close()
+
+
+# --- the engine through the cluster tier ---
+PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+ENGINE = {"dtype": "float32", "block_size": 4, "max_num_seqs": 2, "seed": 0}
+DEVICE_BLOCKS = 32  # the prompts below need ~60 distinct blocks
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("cluster_model") / "llama", "llama")
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    rng = random.Random(0)
+    shared = [rng.randrange(3, 250) for _ in range(24)]
+    return [shared + [rng.randrange(3, 250) for _ in range(24)] for _ in range(8)]
+
+
+@pytest.fixture(scope="module")
+def expected(model: Path, prompts: list[list[int]]) -> list[list[int]]:
+    ref = LLM(str(model), **ENGINE | {"num_blocks": 128}, enable_prefix_caching=False)
+    return token_ids(ref.generate(prompts, PARAMS))
+
+
+def token_ids(outputs: list) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def cluster_llm(model: Path, url: str, **tiers: object) -> LLM:
+    cfg = TierConfig(redis_url=url, redis_prefix="e2e", **tiers)
+    return LLM(str(model), **ENGINE, num_blocks=DEVICE_BLOCKS, tiers=cfg)
+
+
+def store_of(llm: LLM) -> TieredStore:
+    return llm.engine.tiers.store
+
+
+def settle(llm: LLM) -> dict:
+    llm.engine.flush()
+    assert store_of(llm).wait_idle(30)
+    return store_of(llm).stats()["redis"]
+
+
+def redis_tokens(outputs: list) -> int:
+    return sum(o.cached_tokens_by_tier.get("redis", 0) for o in outputs)
+
+
+def all_cached_from_redis(outputs: list) -> bool:
+    """After a flush: every 48-token prompt finds its 11 full blocks below the last token cached,
+    the first one all from Redis (the others share its first 6 blocks on the device)."""
+    first = outputs[0].cached_tokens_by_tier.get("redis", 0)
+    return first == 44 and all(o.num_cached_tokens == 44 for o in outputs)
+
+
+def test_engine_output_through_the_cluster_equals_cache_off(
+    model: Path, prompts, expected, cluster: RedisClusterServers
+) -> None:
+    llm = cluster_llm(model, cluster.url)
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    settle(llm)
+    outs = llm.generate(prompts, PARAMS)  # the device pool was emptied: all from the cluster
+    assert token_ids(outs) == expected
+    assert all_cached_from_redis(outs)
+    stats = settle(llm)
+    assert stats["hits"] > 0 and stats["errors"] == 0 and stats["nodes_up"] == 3
+    assert all(h["blocks_read"] > 0 for h in stats["nodes"].values())  # every master served
+    llm.engine.close()
+
+
+def test_two_engines_share_one_cluster_tenants_isolated(
+    model: Path, prompts, expected, cluster: RedisClusterServers
+) -> None:
+    first = cluster_llm(model, cluster.url, write_policy="write-through")
+    assert token_ids(first.generate(prompts, PARAMS)) == expected
+    assert store_of(first).wait_idle(30)
+    second = cluster_llm(model, cluster.url)
+    outs = second.generate(prompts, PARAMS)
+    assert token_ids(outs) == expected
+    assert outs[0].cached_tokens_by_tier.get("redis", 0) >= 40  # computed by the first engine
+    salted = second.generate(prompts, PARAMS, cache_salt="tenant-b")
+    assert token_ids(salted) == expected and redis_tokens(salted) == 0
+    first.engine.close()
+    second.engine.close()
+
+
+def test_master_killed_mid_workload_then_restarted_empty(
+    model: Path, prompts, expected, fresh_cluster: RedisClusterServers
+) -> None:
+    llm = cluster_llm(model, fresh_cluster.url, redis_cooldown_s=0.0, redis_timeout_s=0.5)
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    settle(llm)
+    tier = next(t for t in store_of(llm).tiers if t.name == "redis")
+    dead = fresh_cluster.owner(tier.key(llm.engine.namespace, 0))
+    assert token_ids(run_killing(llm, prompts, dead)) == expected
+    stats = settle(llm)
+    health = stats["nodes"][dead.address]
+    assert health["errors"] >= 1 and health["rejected_writes"] > 0
+    assert stats["nodes_up"] == 2
+    assert all(h["errors"] == 0 for a, h in stats["nodes"].items() if a != dead.address)
+
+    fresh_cluster.restart(dead)  # back, empty: its blocks are recomputed and written again
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    stats = settle(llm)
+    assert stats["nodes_up"] == 3 and stats["nodes"][dead.address]["blocks_written"] > 0
+    outs = llm.generate(prompts, PARAMS)
+    assert token_ids(outs) == expected and all_cached_from_redis(outs)
+    llm.engine.close()
+
+
+def run_killing(llm: LLM, prompts: list[list[int]], node: ClusterNode) -> list:
+    """Runs the prompts, SIGKILLing `node` once the first two requests have finished."""
+    engine = llm.engine
+    ids = [f"kill-{i}" for i in range(len(prompts))]
+    for rid, prompt in zip(ids, prompts, strict=True):
+        engine.add_request(rid, prompt, PARAMS)
+    done: dict[str, object] = {}
+    while len(done) < len(ids):
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        if len(done) >= 2 and node.running:
+            node.kill()
+    return [done[i] for i in ids]
+
+
+def test_corrupt_values_on_one_node_are_recomputed(
+    model: Path, prompts, expected, cluster: RedisClusterServers
+) -> None:
+    llm = cluster_llm(model, cluster.url)
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    settle(llm)
+    node = cluster.nodes[0]
+    client = node.client()
+    keys = client.keys("e2e:*")
+    assert keys
+    for i, key in enumerate(keys):  # every block on this master damaged
+        value = bytearray(client.get(key))
+        value[HEADER_SIZE + i % 64] ^= 0x10
+        client.set(key, bytes(value))
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    stats = settle(llm)
+    assert stats["corrupt"] > 0
+    llm.engine.close()
