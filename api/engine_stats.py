@@ -33,6 +33,7 @@ class EngineCounters:
     generation_tokens: int = 0
     occupancy: dict[str, TierOccupancy] = field(default_factory=dict)
     namespaces: dict[str, NamespaceCounters] = field(default_factory=dict)
+    redis_nodes: dict[str, dict[str, int]] = field(default_factory=dict)  # "host:port" -> health
     extra: dict[str, Any] = field(default_factory=dict)
 
     def flat(self) -> dict[str, float]:
@@ -98,5 +99,6 @@ def read_counters(engine: Any) -> EngineCounters:
         generation_tokens=int(snap.get("decode_tokens", 0)),
         occupancy=occupancy,
         namespaces=namespaces,
+        redis_nodes=dict(_tier_stats(snap).get("redis", {}).get("nodes", {})),
         extra={"cache": cs, "engine": snap},
     )

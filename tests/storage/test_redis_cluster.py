@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from redis.client import Pipeline
 
@@ -385,3 +386,58 @@ def test_corrupt_values_on_one_node_are_recomputed(
     stats = settle(llm)
     assert stats["corrupt"] > 0
     llm.engine.close()
+
+
+# --- the server's flags ---
+def test_cli_flags_select_the_cluster_tier_and_ttl() -> None:
+    from api.cli import build_parser, tier_config
+
+    url = "redis+cluster://10.0.0.1:7000,10.0.0.2:7000"
+    args = build_parser().parse_args(
+        ["serve", "--no-disk", "--redis-url", url, "--redis-ttl", "60"]
+    )
+    tiers = tier_config(args)
+    assert tiers.redis_url == url and tiers.redis_ttl_s == 60
+    forever = build_parser().parse_args(["serve", "--redis-url", url, "--redis-ttl", "0"])
+    assert tier_config(forever).redis_ttl_s is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--redis-ttl", "-1"])
+    with pytest.raises(ValueError):
+        TierConfig(redis_url=url, redis_ttl_s=0)
+
+
+# --- per-node health through the API ---
+def test_node_health_in_cache_stats_and_metrics(model: Path, fresh_cluster) -> None:
+    from api.config import ApiConfig
+    from radixcache.hashing import block_hashes
+    from tests.api.conftest import BLOCK_SIZE, engine_config, fresh_text, start_server
+    from tests.api.test_cache_routes import metric
+
+    tiers = TierConfig(redis_url=fresh_cluster.url, redis_prefix="api", redis_cooldown_s=600)
+    server = start_server(engine_config(model, num_blocks=64, tiers=tiers), ApiConfig())
+    try:
+        prompt = fresh_text(6 * BLOCK_SIZE + 2, 61)
+        body = {"model": server.model, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+        with httpx.Client(base_url=server.url, timeout=60.0) as http:
+            first = http.post("/v1/completions", json=body).json()
+            http.post("/v1/cache/flush")
+            engine = server.engine.engine
+            assert engine.tiers.store.wait_idle(30)
+            tier = next(t for t in engine.tiers.store.tiers if t.name == "redis")
+            tokens = engine.tokenizer.encode(prompt)
+            (h,) = block_hashes(engine.namespace, tokens[:BLOCK_SIZE])
+            dead = fresh_cluster.owner(tier.key(engine.namespace, h))
+            dead.kill()
+            again = http.post("/v1/completions", json=body).json()  # recomputed, same text
+            assert again["choices"][0]["text"] == first["choices"][0]["text"]
+            nodes = http.get("/v1/cache/stats").json()["redis_nodes"]
+            text = http.get("/metrics").text
+        assert sorted(nodes) == sorted(n.address for n in fresh_cluster.nodes)
+        for node in fresh_cluster.nodes:
+            up = 0 if node is dead else 1
+            assert nodes[node.address]["up"] == up
+            assert metric(text, "radixcache_redis_node_up", f'node="{node.address}"') == up
+        errors = metric(text, "radixcache_redis_node_errors_total", f'node="{dead.address}"')
+        assert errors == nodes[dead.address]["errors"] >= 1
+    finally:
+        server.stop()
