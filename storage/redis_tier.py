@@ -2,80 +2,59 @@
 `<prefix>:<namespace hex>:<hash hex>`.
 
 The URL picks where keys live (storage.redis_nodes): `redis://` one server, `redis+cluster://` the
-masters of a cluster. Either way a batch call is one non-transactional pipeline per node involved
-(one MGET per hash slot for reads), the nodes served concurrently, so a load-back of N blocks
-costs one round trip per node, not N.
+masters of a cluster. Either way a batch call is one pipeline per node involved (one MGET per hash
+slot for reads), every node's commands written before any reply is read, so a load-back of N
+blocks costs one round trip per node, the nodes working concurrently, not N.
 
 Keys carry no hash tag: each block hashes to its own slot, so a cluster's memory and traffic
 spread evenly over the masters, and a prefix every replica reads (a shared system prompt) does
-not make one node hot. The price is that a long prefix touches every master, so a dead master
-cuts the leading run of found blocks at its first block (docs/redis-cluster.md measures both).
+not make one node hot. The price: a long prefix touches every master, so a dead master would cut
+the leading run of found blocks at its first block. Hence the hand-off below.
 
 Faults, per node: a connection error, timeout or error reply takes that node out of service for
-`cooldown_s` (circuit breaker): its reads are misses, its writes are dropped and counted, the other
-nodes keep serving. When the cool-down is over the topology is reread (a failover may have moved
-its slots) and the node is tried again. MOVED / ASK replies reread the topology and retry those
-keys once. Nothing is retried inside a call, so no call waits longer than the socket timeout.
+`cooldown_s` (circuit breaker); its blocks in that call are misses / dropped writes, counted. While
+it is out, its blocks are read from and written to a stand-in key `<key>~<n>` on the first live
+node (n = 1, 2, ...): a block recomputed meanwhile is stored, and found again, there (values are
+content-addressed and checksummed, so any copy is as good as the original). After the cool-down the
+topology is reread (a failover may have moved its slots) and the node is tried again; stand-ins
+then expire by TTL / maxmemory. MOVED / ASK replies reread the topology and retry those keys once.
+Nothing else is retried, so no call waits longer than the socket timeout.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import redis
-from redis.client import Pipeline
-from redis.exceptions import AskError, MovedError, RedisClusterException
+from redis.connection import Connection
+from redis.exceptions import AskError, MovedError, RedisClusterException, ResponseError
 
-from storage.base import EvictCallback, TierStats, block_key
+from storage.base import EvictCallback, block_key
 from storage.codec import CorruptBlock, verify_block
+from storage.redis_health import NodeHealth, RedisStats
 from storage.redis_nodes import RedisNodes, open_nodes
 
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
 
-_FAILURES = (redis.RedisError, RedisClusterException, OSError)  # the latter: no topology
+__all__ = ["NodeHealth", "RedisStats", "RedisTier"]
+
+_FAILURES = (redis.RedisError, RedisClusterException, OSError)  # the second: no topology
 _MISSING = object()  # a key whose node was down or failed: a miss, a dropped write
-Queue = Callable[[Pipeline, list[str]], None]  # queues the command(s) of one slot group
+HANDOFF_TRIES = 8  # stand-in keys tried for a block whose node is down
+Routes = dict[str, list[list[int]]]  # node -> groups (one hash slot each) of key indices
+# (keys sent, their indices in the call) of one group -> the command for it
+Command = Callable[[list[str], list[int]], tuple]
 
 
-@dataclass
-class NodeHealth:
-    """Counters of one Redis node (a cluster master, or the one server)."""
-
-    up: bool = True  # False from a failure until a later call to the node succeeds
-    errors: int = 0  # connection errors, timeouts, error replies
-    breaker_opens: int = 0
-    skipped_calls: int = 0  # calls that left this node out while it cooled down
-    rejected_writes: int = 0  # blocks not written: node down or failing
-    redirects: int = 0  # MOVED / ASK replies (slots moved: the topology was reread)
-    blocks_read: int = 0
-    blocks_written: int = 0
-    open_until: float = float("-inf")  # breaker open (node skipped) while clock() < open_until
-
-    def snapshot(self) -> dict[str, float]:
-        out = asdict(self)
-        out["up"] = int(self.up)
-        del out["open_until"]
-        return out
-
-
-@dataclass
-class RedisStats(TierStats):
-    """The tier's counters plus per-node health; `nodes` is keyed by "host:port"."""
-
-    topology_refreshes: int = 0
-    nodes: dict[str, NodeHealth] = field(default_factory=dict)
-
-    def snapshot(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: v for k, v in asdict(self).items() if k != "nodes"}
-        out["nodes"] = {name: h.snapshot() for name, h in sorted(self.nodes.items())}
-        out["nodes_up"] = sum(h.up for h in self.nodes.values())
-        out["nodes_down"] = len(self.nodes) - out["nodes_up"]
-        return out
+def _read_reply(conn: Connection) -> Any:
+    """One reply; an error reply (MOVED, CLUSTERDOWN, OOM ...) is returned, not raised."""
+    try:
+        return conn.read_response()
+    except ResponseError as exc:
+        return exc
 
 
 class RedisTier:
@@ -104,14 +83,13 @@ class RedisTier:
             url, timeout_s=socket_timeout_s, max_connections=max_connections
         )
         self._refresh_due = False  # a node failed: reread the topology before trying it again
-        self._pool = ThreadPoolExecutor(8, thread_name_prefix="redis-node")
         self._track(self._nodes.names())
 
     def available(self) -> bool:
         """False while the tier or every node it knows cools down after a failure."""
         now = self._clock()
         nodes = self.stats.nodes.values()
-        in_service = not nodes or any(h.up or now >= h.open_until for h in nodes)
+        in_service = not nodes or any(self._in_service(h, now) for h in nodes)
         return now >= self.open_until and in_service
 
     def key(self, ns: Namespace, block_hash: int) -> str:
@@ -120,12 +98,12 @@ class RedisTier:
     # --- Tier interface ---
     def contains(self, ns: Namespace, hashes: list[int]) -> list[bool]:
         keys = [self.key(ns, h) for h in hashes]
-        replies = self._fan_out(keys, lambda p, ks: p.exists(ks[0]), grouped=False, write=False)
+        replies = self._fan_out(keys, lambda ks, _: ("EXISTS", ks[0]), grouped=False, write=False)
         return [r is not _MISSING and bool(r) for r in replies]
 
     def get(self, ns: Namespace, hashes: list[int]) -> list[bytes | None]:
         keys = [self.key(ns, h) for h in hashes]
-        replies = self._fan_out(keys, lambda p, ks: p.mget(ks), grouped=True, write=False)
+        replies = self._fan_out(keys, lambda ks, _: ("MGET", *ks), grouped=True, write=False)
         out: list[bytes | None] = []
         bad = []
         for h, value in zip(hashes, replies, strict=True):
@@ -145,58 +123,68 @@ class RedisTier:
         return out
 
     def put(self, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
-        values = {self.key(ns, h): v for h, v in items}
-        keys = list(values)
-
-        def queue(pipe: Pipeline, ks: list[str]) -> None:
-            pipe.set(ks[0], values[ks[0]], ex=self.ttl_s)
-
-        replies = self._fan_out(keys, queue, grouped=False, write=True)
-        for key, reply in zip(keys, replies, strict=True):
+        keys = [self.key(ns, h) for h, _ in items]
+        values = [v for _, v in items]
+        expiry = () if self.ttl_s is None else ("EX", self.ttl_s)
+        replies = self._fan_out(
+            keys, lambda ks, ix: ("SET", ks[0], values[ix[0]], *expiry), grouped=False, write=True
+        )
+        for value, reply in zip(values, replies, strict=True):
             if reply is _MISSING:
                 self.stats.rejected_writes += 1
             else:
-                self.stats.bytes_written += len(values[key])
+                self.stats.bytes_written += len(value)
                 self.stats.blocks_written += 1
 
     def delete(self, ns: Namespace, hashes: list[int]) -> None:
         keys = [self.key(ns, h) for h in hashes]
-        self._fan_out(keys, lambda p, ks: p.delete(ks[0]), grouped=False, write=False)
+        self._fan_out(keys, lambda ks, _: ("DEL", ks[0]), grouped=False, write=False)
 
     def used_bytes(self) -> int:
         return 0  # Redis manages its own memory (maxmemory / TTL)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False)
         self._nodes.close()
 
     # --- one pipeline per node ---
-    def _fan_out(
-        self, keys: list[str], queue: Queue, *, grouped: bool, write: bool, retry: bool = True
-    ) -> list[Any]:
+    def _fan_out(self, keys: list[str], command: Command, *, grouped: bool, write: bool) -> list:
         """Each key's reply (an MGET group's replies spread over its keys), or _MISSING where the
-        key's node was skipped or failed."""
+        key's node failed (or was down and no stand-in node was found)."""
         out: list[Any] = [_MISSING] * len(keys)
-        if not keys:
-            return out
-        routes = self._routes(keys, write)
-        if not grouped:  # one command per key
-            routes = {node: [[i] for g in groups for i in g] for node, groups in routes.items()}
-        if not routes:
-            return out
-        replies = self._run_pipelines(routes, keys, queue)
+        sent = list(keys)  # the key sent for each block: its own, or a stand-in (hand-off)
+        pending = list(range(len(keys)))
+        failed: dict[str, list[int]] = {}
+        for attempt in range(2):  # again for keys redirected (MOVED / ASK) or of a failed node
+            routes = self._routes(sent, pending, write, failed) if pending else {}
+            if not grouped:  # one command per key
+                routes = {node: [[i] for g in groups for i in g] for node, groups in routes.items()}
+            if not routes:
+                break
+            replies = self._send_and_read(routes, sent, command)
+            redirected, failed = self._collect(routes, replies, out, grouped=grouped, write=write)
+            pending = redirected + [i for ix in failed.values() for i in ix]
+            if not pending or attempt or (redirected and not self._refresh()):
+                break
+        return out
+
+    def _collect(
+        self, routes: Routes, replies: dict, out: list, *, grouped: bool, write: bool
+    ) -> tuple[list[int], dict[str, list[int]]]:
+        """Spreads each node's replies over `out`, counts per node; returns the redirected key
+        indices and the key indices of each node that failed."""
         redirected: list[int] = []
+        failed_nodes: dict[str, list[int]] = {}
         for node, groups in routes.items():
             health, reply = self.stats.nodes[node], replies[node]
             if isinstance(reply, BaseException):
                 reply = [reply] * len(groups)
-            failed = 0  # keys of this node whose command failed
+            failed: list[int] = []  # keys of this node whose command failed
             for group, result in zip(groups, reply, strict=True):
                 if isinstance(result, (MovedError, AskError)):
                     health.redirects += 1
                     redirected += group
                 elif isinstance(result, BaseException):
-                    failed += len(group)
+                    failed += group
                 else:
                     for i, value in zip(group, result if grouped else [result], strict=True):
                         out[i] = value
@@ -204,66 +192,114 @@ class RedisTier:
                     health.blocks_read += sum(v is not None for v in result) if grouped else 0
             if failed:
                 self._node_failed(health)
-                health.rejected_writes += failed if write else 0
+                health.rejected_writes += len(failed) if write else 0
+                failed_nodes[node] = failed
             else:
                 health.up = True
-        if redirected and retry and self._refresh():
-            again = self._fan_out(
-                [keys[i] for i in redirected], queue, grouped=grouped, write=write, retry=False
-            )
-            for i, value in zip(redirected, again, strict=True):
-                out[i] = value
-        return out
+        return redirected, failed_nodes
 
-    def _routes(self, keys: list[str], write: bool) -> dict[str, list[list[int]]]:
-        """Slot groups per node still in service (skipped nodes counted on the node; the caller
-        counts what was not written); {} if the topology could not be read."""
+    def _routes(
+        self, sent: list[str], indices: list[int], write: bool, failed: dict[str, list[int]]
+    ) -> Routes:
+        """Slot groups per node in service for the keys `indices`; keys of nodes cooling down,
+        or `failed` earlier in this call, are handed off to stand-ins. {} if the topology could
+        not be read."""
         now = self._clock()
         if now < self.open_until:
             self.stats.skipped_calls += 1
             return {}
-        half_open = any(not h.up and now >= h.open_until for h in self.stats.nodes.values())
-        if self._refresh_due and half_open and not self._refresh():
-            return {}  # half-open: reread the topology first (a failover may have moved slots)
+        half_open = any(self._half_open(h, now) for h in self.stats.nodes.values())
+        if self._refresh_due and half_open and not failed and not self._refresh():
+            return {}  # half-open: reread first, a failover may have moved the node's slots
         try:
-            routes = self._nodes.route(keys)
+            routes = self._route(sent, indices)
         except _FAILURES:
             self._tier_failed()
             return {}
-        self._track(routes)
+        out = set(failed) | {n for n in routes if not self._in_service(self.stats.nodes[n], now)}
         skipped = False
-        for node in list(routes):
+        for node in out & set(routes):
             health = self.stats.nodes[node]
-            if not health.up and now < health.open_until:
+            keys = [i for g in routes.pop(node) for i in g]
+            if node not in failed:  # (a failed node's keys were counted when it failed)
                 skipped = True
                 health.skipped_calls += 1
-                health.rejected_writes += sum(map(len, routes[node])) if write else 0
-                del routes[node]
+                health.rejected_writes += len(keys) if write else 0
+            handed = self._hand_off(sent, keys, routes, now, out)
+            health.handed_off += handed if write else 0
         self.stats.skipped_calls += skipped
         return routes
 
-    def _run_pipelines(
-        self, routes: dict[str, list[list[int]]], keys: list[str], queue: Queue
+    def _route(self, sent: list[str], indices: list[int]) -> Routes:
+        local = self._nodes.route([sent[i] for i in indices])
+        self._track(local)
+        return {node: [[indices[j] for j in g] for g in groups] for node, groups in local.items()}
+
+    def _hand_off(
+        self, sent: list[str], indices: list[int], routes: Routes, now: float, out: set[str]
+    ) -> int:
+        """Points each key at the first stand-in `<key>~<n>` on a node in service and not in
+        `out` (one group each, added to `routes`); how many found one."""
+        live = {n for n, h in self.stats.nodes.items() if self._in_service(h, now)} - out
+        if not live:
+            return 0
+        found = 0
+        for i in indices:
+            for n in range(1, HANDOFF_TRIES + 1):
+                stand_in = f"{sent[i]}~{n}"
+                try:
+                    (node,) = self._nodes.route([stand_in])
+                except _FAILURES:
+                    break
+                health = self.stats.nodes.get(node)
+                if node in live or (health is None and node not in out):  # unknown: untried
+                    self._track([node])
+                    sent[i] = stand_in
+                    routes.setdefault(node, []).append([i])
+                    found += 1
+                    break
+        return found
+
+    def _send_and_read(
+        self, routes: Routes, sent: list[str], command: Command
     ) -> dict[str, list[Any] | BaseException]:
-        """Sends each node its pipeline, nodes concurrently (the first on this thread)."""
-
-        def run(node: str) -> list[Any] | BaseException:
+        """A pipeline per node, all written before any is read: the nodes work concurrently
+        while this thread reads their replies in turn (as redis-py's ClusterPipeline does), and
+        a failing node costs only its own replies."""
+        out: dict[str, list[Any] | BaseException] = {}
+        written = {}
+        for node, groups in routes.items():
+            pool = conn = None
             try:
-                pipe = self._nodes.client(node).pipeline(transaction=False)
-                for group in routes[node]:
-                    queue(pipe, [keys[i] for i in group])
-                return pipe.execute(raise_on_error=False)
+                pool = self._nodes.client(node).connection_pool
+                conn = pool.get_connection()
+                commands = [command([sent[i] for i in g], g) for g in groups]
+                conn.send_packed_command(conn.pack_commands(commands))
+                written[node] = (pool, conn)
             except _FAILURES as exc:
-                return exc
-
-        nodes = list(routes)
-        futures = {node: self._pool.submit(run, node) for node in nodes[1:]}
-        out = {nodes[0]: run(nodes[0])}
-        for node, future in futures.items():
-            out[node] = future.result()
+                out[node] = exc
+                if conn is not None:
+                    conn.disconnect()
+                    pool.release(conn)
+        for node, (pool, conn) in written.items():
+            try:
+                out[node] = [_read_reply(conn) for _ in routes[node]]
+            except _FAILURES as exc:
+                out[node] = exc
+                conn.disconnect()  # replies may be left unread on it
+            finally:
+                pool.release(conn)
         return out
 
     # --- circuit breakers and topology ---
+    @staticmethod
+    def _in_service(health: NodeHealth, now: float) -> bool:
+        return health.up or now >= health.open_until
+
+    @staticmethod
+    def _half_open(health: NodeHealth, now: float) -> bool:
+        return not health.up and now >= health.open_until
+
     def _track(self, nodes: object) -> None:
         for node in nodes:  # names, or the keys of a routes dict
             if node not in self.stats.nodes:
