@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from storage.base import TierStats
@@ -35,8 +35,9 @@ class RedisStats(TierStats):
     nodes: dict[str, NodeHealth] = field(default_factory=dict)
 
     def snapshot(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: v for k, v in asdict(self).items() if k != "nodes"}
-        out["nodes"] = {name: h.snapshot() for name, h in sorted(self.nodes.items())}
-        out["nodes_up"] = sum(h.up for h in self.nodes.values())
-        out["nodes_down"] = len(self.nodes) - out["nodes_up"]
+        nodes = list(self.nodes.items())  # one atomic copy: the I/O threads may add a node
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["nodes"] = {name: h.snapshot() for name, h in sorted(nodes)}
+        out["nodes_up"] = sum(h.up for _, h in nodes)
+        out["nodes_down"] = len(nodes) - out["nodes_up"]
         return out

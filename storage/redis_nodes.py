@@ -2,7 +2,7 @@
 (`redis+cluster://HOST:PORT[,HOST:PORT...]`, any seed nodes).
 
 RedisTier asks route(keys) for {node name: slot groups (lists of key indices)} and sends one
-pipeline per node through client(node). One server is one node with one group; a cluster routes
+pipeline per node through client(node) with send_and_read(). One server is one node with one group; a cluster routes
 each key by its hash slot through redis-py's RedisCluster, which owns the topology (slot map,
 node connections) and rereads it on refresh(). Neither retries: the tier decides what a failure
 costs (a miss, a dropped write) and when to try a node again.
@@ -11,19 +11,25 @@ costs (a miss, a dropped write) and when to try a node again.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import Connection
 from redis.crc import key_slot
+from redis.exceptions import RedisClusterException, ResponseError
 from redis.retry import Retry
 
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 Routes = dict[str, list[list[int]]]  # node name -> groups of key indices, one hash slot per group
+# (keys sent, their indices in the call) of one group -> the command for it
+Command = Callable[[list[str], list[int]], tuple]
+FAILURES = (redis.RedisError, RedisClusterException, OSError)  # the second: no topology
 
 
 class RedisNodes(Protocol):
@@ -180,3 +186,43 @@ class ClusterNodes:
                     **self._kwargs,
                 )
             return self._cluster
+
+
+def _read_reply(conn: Connection) -> Any:
+    """One reply; an error reply (MOVED, CLUSTERDOWN, OOM ...) is returned, not raised."""
+    try:
+        return conn.read_response()
+    except ResponseError as exc:
+        return exc
+
+
+def send_and_read(
+    nodes: RedisNodes, routes: Routes, sent: list[str], command: Command
+) -> dict[str, list[Any] | BaseException]:
+    """A pipeline per node, all written before any is read: the nodes work concurrently
+    while this thread reads their replies in turn (as redis-py's ClusterPipeline does), and
+    a failing node costs only its own replies."""
+    out: dict[str, list[Any] | BaseException] = {}
+    written = {}
+    for node, groups in routes.items():
+        pool = conn = None
+        try:
+            pool = nodes.client(node).connection_pool
+            conn = pool.get_connection()
+            commands = [command([sent[i] for i in g], g) for g in groups]
+            conn.send_packed_command(conn.pack_commands(commands))
+            written[node] = (pool, conn)
+        except FAILURES as exc:
+            out[node] = exc
+            if conn is not None:
+                conn.disconnect()
+                pool.release(conn)
+    for node, (pool, conn) in written.items():
+        try:
+            out[node] = [_read_reply(conn) for _ in routes[node]]
+        except FAILURES as exc:
+            out[node] = exc
+            conn.disconnect()  # replies may be left unread on it
+        finally:
+            pool.release(conn)
+    return out

@@ -27,34 +27,27 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import redis
-from redis.connection import Connection
-from redis.exceptions import AskError, MovedError, RedisClusterException, ResponseError
+from redis.exceptions import AskError, MovedError
 
 from storage.base import EvictCallback, block_key
 from storage.codec import CorruptBlock, verify_block
 from storage.redis_health import NodeHealth, RedisStats
-from storage.redis_nodes import RedisNodes, open_nodes
+from storage.redis_nodes import (
+    FAILURES,
+    Command,
+    RedisNodes,
+    Routes,
+    open_nodes,
+    send_and_read,
+)
 
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
 
 __all__ = ["NodeHealth", "RedisStats", "RedisTier"]
 
-_FAILURES = (redis.RedisError, RedisClusterException, OSError)  # the second: no topology
 _MISSING = object()  # a key whose node was down or failed: a miss, a dropped write
 HANDOFF_TRIES = 8  # stand-in keys tried for a block whose node is down
-Routes = dict[str, list[list[int]]]  # node -> groups (one hash slot each) of key indices
-# (keys sent, their indices in the call) of one group -> the command for it
-Command = Callable[[list[str], list[int]], tuple]
-
-
-def _read_reply(conn: Connection) -> Any:
-    """One reply; an error reply (MOVED, CLUSTERDOWN, OOM ...) is returned, not raised."""
-    try:
-        return conn.read_response()
-    except ResponseError as exc:
-        return exc
 
 
 class RedisTier:
@@ -88,7 +81,7 @@ class RedisTier:
     def available(self) -> bool:
         """False while the tier or every node it knows cools down after a failure."""
         now = self._clock()
-        nodes = self.stats.nodes.values()
+        nodes = list(self.stats.nodes.values())
         in_service = not nodes or any(self._in_service(h, now) for h in nodes)
         return now >= self.open_until and in_service
 
@@ -160,7 +153,7 @@ class RedisTier:
                 routes = {node: [[i] for g in groups for i in g] for node, groups in routes.items()}
             if not routes:
                 break
-            replies = self._send_and_read(routes, sent, command)
+            replies = send_and_read(self._nodes, routes, sent, command)
             redirected, failed = self._collect(routes, replies, out, grouped=grouped, write=write)
             pending = redirected + [i for ix in failed.values() for i in ix]
             if not pending or attempt or (redirected and not self._refresh()):
@@ -175,7 +168,7 @@ class RedisTier:
         redirected: list[int] = []
         failed_nodes: dict[str, list[int]] = {}
         for node, groups in routes.items():
-            health, reply = self.stats.nodes[node], replies[node]
+            health, reply = self._health(node), replies[node]
             if isinstance(reply, BaseException):
                 reply = [reply] * len(groups)
             failed: list[int] = []  # keys of this node whose command failed
@@ -208,18 +201,18 @@ class RedisTier:
         if now < self.open_until:
             self.stats.skipped_calls += 1
             return {}
-        half_open = any(self._half_open(h, now) for h in self.stats.nodes.values())
+        half_open = any(self._half_open(h, now) for h in list(self.stats.nodes.values()))
         if self._refresh_due and half_open and not failed and not self._refresh():
             return {}  # half-open: reread first, a failover may have moved the node's slots
         try:
             routes = self._route(sent, indices)
-        except _FAILURES:
+        except FAILURES:
             self._tier_failed()
             return {}
-        out = set(failed) | {n for n in routes if not self._in_service(self.stats.nodes[n], now)}
+        out = set(failed) | {n for n in routes if not self._in_service(self._health(n), now)}
         skipped = False
         for node in out & set(routes):
-            health = self.stats.nodes[node]
+            health = self._health(node)
             keys = [i for g in routes.pop(node) for i in g]
             if node not in failed:  # (a failed node's keys were counted when it failed)
                 skipped = True
@@ -240,7 +233,7 @@ class RedisTier:
     ) -> int:
         """Points each key at the first stand-in `<key>~<n>` on a node in service and not in
         `out` (one group each, added to `routes`); how many found one."""
-        live = {n for n, h in self.stats.nodes.items() if self._in_service(h, now)} - out
+        live = {n for n, h in list(self.stats.nodes.items()) if self._in_service(h, now)} - out
         if not live:
             return 0
         found = 0
@@ -249,7 +242,7 @@ class RedisTier:
                 stand_in = f"{sent[i]}~{n}"
                 try:
                     (node,) = self._nodes.route([stand_in])
-                except _FAILURES:
+                except FAILURES:
                     break
                 health = self.stats.nodes.get(node)
                 if node in live or (health is None and node not in out):  # unknown: untried
@@ -260,37 +253,6 @@ class RedisTier:
                     break
         return found
 
-    def _send_and_read(
-        self, routes: Routes, sent: list[str], command: Command
-    ) -> dict[str, list[Any] | BaseException]:
-        """A pipeline per node, all written before any is read: the nodes work concurrently
-        while this thread reads their replies in turn (as redis-py's ClusterPipeline does), and
-        a failing node costs only its own replies."""
-        out: dict[str, list[Any] | BaseException] = {}
-        written = {}
-        for node, groups in routes.items():
-            pool = conn = None
-            try:
-                pool = self._nodes.client(node).connection_pool
-                conn = pool.get_connection()
-                commands = [command([sent[i] for i in g], g) for g in groups]
-                conn.send_packed_command(conn.pack_commands(commands))
-                written[node] = (pool, conn)
-            except _FAILURES as exc:
-                out[node] = exc
-                if conn is not None:
-                    conn.disconnect()
-                    pool.release(conn)
-        for node, (pool, conn) in written.items():
-            try:
-                out[node] = [_read_reply(conn) for _ in routes[node]]
-            except _FAILURES as exc:
-                out[node] = exc
-                conn.disconnect()  # replies may be left unread on it
-            finally:
-                pool.release(conn)
-        return out
-
     # --- circuit breakers and topology ---
     @staticmethod
     def _in_service(health: NodeHealth, now: float) -> bool:
@@ -300,10 +262,12 @@ class RedisTier:
     def _half_open(health: NodeHealth, now: float) -> bool:
         return not health.up and now >= health.open_until
 
+    def _health(self, node: str) -> NodeHealth:
+        return self.stats.nodes.setdefault(node, NodeHealth())
+
     def _track(self, nodes: object) -> None:
         for node in nodes:  # names, or the keys of a routes dict
-            if node not in self.stats.nodes:
-                self.stats.nodes[node] = NodeHealth()
+            self._health(node)
 
     def _node_failed(self, health: NodeHealth) -> None:
         self.stats.errors += 1
@@ -325,12 +289,12 @@ class RedisTier:
         self.stats.topology_refreshes += 1
         try:
             self._nodes.refresh()
-        except _FAILURES:
+        except FAILURES:
             self._tier_failed()
             return False
         names = self._nodes.names()
         self._track(names)
-        for gone in set(self.stats.nodes) - set(names):
-            if not self.stats.nodes[gone].up:  # failed over: its slots are served elsewhere
-                del self.stats.nodes[gone]
+        for gone, health in list(self.stats.nodes.items()):
+            if gone not in names and not health.up:  # failed over: slots served elsewhere
+                self.stats.nodes.pop(gone, None)
         return True
