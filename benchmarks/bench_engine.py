@@ -24,6 +24,8 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import ensure_default_model
+from engine.outputs import RequestResult
+from engine.request import Prompt
 from engine.sampling import SamplingParams
 
 OUT_TOKENS = 32
@@ -93,12 +95,11 @@ def run_batch(engine: LLMEngine, prompts: list[list[int]], tag: str) -> tuple[li
     t0 = time.monotonic()
     ids = [f"{tag}-{i}" for i in range(len(prompts))]
     for rid, p in zip(ids, prompts, strict=True):
-        engine.add_request(rid, p, GREEDY)
-    done = {}
+        engine.add_request(rid, Prompt(p), GREEDY)
+    done = {rid: RequestResult(rid) for rid in ids}
     while engine.has_unfinished():
         for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
+            done[out.request_id].add(out)
     outs = [done[i] for i in ids]
     return outs, [o.metrics["first_token_time"] - t0 for o in outs]
 

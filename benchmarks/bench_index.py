@@ -1,6 +1,9 @@
 """Prefix index benchmarks: micro latencies (vs a flat dict of chained hashes) and Mooncake hit rates.
 
-Run: python benchmarks/bench_index.py [--quick]. Prints tables, writes benchmarks/results/index.json.
+Run: python benchmarks/bench_index.py [--quick] [--sglang-python PATH]. Prints tables, writes
+benchmarks/results/index.json. With --sglang-python (an interpreter with SGLang installed, see
+../shared/PEERS.md) the same token traces and eviction trees are replayed through SGLang's
+RadixCache by benchmarks/sglang_index_runner.py in the same run, alternating with ours.
 """
 
 from __future__ import annotations
@@ -10,16 +13,24 @@ import gc
 import json
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 from sortedcontainers import SortedList
 
-from radixcache import Namespace, PrefixCache, block_hashes
-
 HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # this checkout's packages, then the runner
+
+from sglang_index_runner import evict_sequences  # noqa: E402
+
+from radixcache import Namespace, PrefixCache, block_hashes  # noqa: E402
+
 TRACE = HERE.parent.parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"
 BS = 16
 NS = Namespace("bench-model", "bfloat16", BS)
@@ -135,44 +146,6 @@ def bench_tree_size(target: int, rng: random.Random, reps: int) -> dict[str, flo
     }
 
 
-def bench_evict_many_leaves(rng: random.Random, reps: int) -> dict[str, float]:
-    """SGLang's evict(1,024 tokens) setting: a 10^6-token tree with ~7,800 leaves."""
-    groups, per_group = 488, 16
-    cache = PrefixCache(10**6 // BS + 64, BS)
-    for _ in range(groups):
-        prefix = rand_tokens(rng, 1024)
-        for _ in range(per_group):
-            insert(cache, prefix + rand_tokens(rng, 64))
-    leaves, cached_tokens = len(cache.tree.evictable_nodes), cache.num_cached_blocks() * BS
-    settle()
-    us = statistics.median(timed(lambda: cache.evict(1024 // BS)) for _ in range(reps))
-    return {"cached_tokens": cached_tokens, "leaves": leaves, "evict_1024_us": us}
-
-
-def serve_trace(requests: list[list[int]]) -> dict[str, float]:
-    """Per request: match, lock, allocate the rest, insert, unlock (no eviction)."""
-    total = sum(len(r) for r in requests) // BS + 1
-    cache = PrefixCache(total, BS)
-    match_t, insert_t = [], []
-    settle()
-    for toks in requests:
-        t0 = clock()
-        m = cache.match(NS, toks[:-1])
-        t1 = clock()
-        cache.lock(m.handle)
-        blocks = cache.allocate(len(toks) // BS - len(m.block_ids))
-        assert blocks is not None
-        t2 = clock()
-        res = cache.insert(NS, toks, m.block_ids + blocks)
-        t3 = clock()
-        cache.free(res.duplicates)
-        cache.unlock(m.handle)
-        match_t.append((t1 - t0) / 1e3)
-        insert_t.append((t3 - t2) / 1e3)
-    return {"requests": len(requests), "match_us": statistics.median(match_t),
-            "insert_us": statistics.median(insert_t)}  # fmt: skip
-
-
 def shared_prefix_trace(rng: random.Random) -> list[list[int]]:
     reqs = []
     for _ in range(64):
@@ -193,6 +166,217 @@ def multi_turn_trace(rng: random.Random) -> list[list[int]]:
             reqs.append(list(h))
             h += rand_tokens(rng, 128)
     return reqs
+
+
+# --- side by side with SGLang's RadixCache ---
+PEER_BLOCK_SIZES = (1, 16)
+EVICT_TREES = {"many_leaves": 1, "long_leaves": 4}  # kind -> seed of its token sequences
+EVICT_TOKENS = 1024
+
+
+def peer_traces() -> dict[str, list[list[int]]]:
+    """The two request traces, through JSON as the runner gets them: equal token ids are then
+    distinct int objects, as in requests tokenized one by one."""
+    traces = {
+        "shared_prefix": shared_prefix_trace(random.Random(2)),
+        "multi_turn": multi_turn_trace(random.Random(3)),
+    }
+    return json.loads(json.dumps(traces))
+
+
+def percentile(xs: list[float], q: float) -> float:
+    ordered = sorted(xs)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def serve_times(requests: list[list[int]], bs: int, as_array: bool) -> dict[str, list]:
+    """Per request in the engine's order: match, lock, allocate the rest, insert, unlock.
+
+    Token ids as lists (what the engine holds) or, with `as_array`, as array("q") (what
+    SGLang's RadixKey holds), built before the clock runs, as the runner does for SGLang."""
+    ns = Namespace("bench-model", "bfloat16", bs)
+    cache = PrefixCache(sum(len(r) for r in requests) // bs + 1, bs)
+    kind = (lambda t: array("q", t)) if as_array else list
+    fulls = [kind(t) for t in requests]
+    lookups = [kind(t[:-1]) for t in requests]
+    match_t, insert_t, matched = [], [], []
+    settle()
+    for toks, lookup in zip(fulls, lookups, strict=True):
+        t0 = clock()
+        m = cache.match(ns, lookup)
+        t1 = clock()
+        cache.lock(m.handle)
+        blocks = cache.allocate(len(toks) // bs - len(m.block_ids))
+        assert blocks is not None
+        t2 = clock()
+        res = cache.insert(ns, toks, m.block_ids + blocks)
+        t3 = clock()
+        cache.free(res.duplicates)
+        cache.unlock(m.handle)
+        match_t.append((t1 - t0) / 1e3)
+        insert_t.append((t3 - t2) / 1e3)
+        matched.append(m.num_tokens)
+    gc.unfreeze()
+    return {"match": match_t, "insert": insert_t, "matched": matched}
+
+
+def evict_tree(kind: str, seed: int, bs: int) -> PrefixCache:
+    ns = Namespace("bench-model", "bfloat16", bs)
+    seqs = evict_sequences(kind, seed)
+    cache = PrefixCache(sum(len(t) for t in seqs) // bs + 64, bs)
+    for toks in seqs:
+        n = len(toks) // bs
+        res = cache.insert(ns, toks[: n * bs], cache.allocate(n))
+        cache.free(res.duplicates)
+    return cache
+
+
+def evict_times(kind: str, seed: int, bs: int, reps: int) -> dict[str, float]:
+    """evict(1,024 tokens) and drop(1,024 tokens), `reps` times each in a row, each on its own
+    ~10^6-token tree (median CPU us). evict hands back an EvictedBlock (id, hash, tokens) per
+    block for the spill tiers; drop (what allocate does) only frees, as SGLang's evict does."""
+    out: dict[str, float] = {}
+    for op in ("evict", "drop"):
+        cache = evict_tree(kind, seed, bs)
+        out["leaves"], out["cached_tokens"] = (
+            len(cache.tree.evictable_nodes),
+            cache.num_cached_blocks() * bs,
+        )
+        fn = cache.evict if op == "evict" else cache.drop
+        settle()
+        times, freed = [], []
+        for _ in range(reps):
+            before = cache.num_cached_blocks()
+            t0 = clock()
+            fn(EVICT_TOKENS // bs)
+            times.append((clock() - t0) / 1e3)
+            freed.append((before - cache.num_cached_blocks()) * bs)
+        gc.unfreeze()
+        out["us" if op == "evict" else "drop_us"] = statistics.median(times)
+        out["tokens_freed"] = statistics.median(freed)
+    return out
+
+
+def ours_run(traces: dict[str, list[list[int]]], reps: int) -> dict:
+    out: dict = {"traces": {}, "traces_array": {}, "evict": {}}
+    for name, trace in traces.items():
+        for bs in PEER_BLOCK_SIZES:
+            out["traces"][f"{name}/{bs}"] = serve_times(trace, bs, as_array=False)
+            out["traces_array"][f"{name}/{bs}"] = serve_times(trace, bs, as_array=True)
+    for kind, seed in EVICT_TREES.items():
+        for bs in PEER_BLOCK_SIZES:
+            out["evict"][f"{kind}/{bs}"] = evict_times(kind, seed, bs, reps)
+    return out
+
+
+def sglang_run(python: str, spec_path: Path) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "sglang.json"
+        runner = HERE / "sglang_index_runner.py"
+        subprocess.run([python, str(runner), str(spec_path), str(result)], check=True)
+        return json.loads(result.read_text())
+
+
+def peer_comparison(python: str | None, runs: int, reps: int) -> dict:
+    """Alternating runs of ours and (with `python`) SGLang's; the median of the runs' figures."""
+    traces = peer_traces()
+    ours, theirs = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path = Path(tmp) / "spec.json"
+        spec = {
+            "traces": traces,
+            "block_sizes": list(PEER_BLOCK_SIZES),
+            "evict_trees": {f"{k}/{bs}": {"kind": k, "seed": s, "block_size": bs}
+                            for k, s in EVICT_TREES.items() for bs in PEER_BLOCK_SIZES},
+            "evict_reps": reps,
+            "evict_tokens": EVICT_TOKENS,
+        }  # fmt: skip
+        spec_path.write_text(json.dumps(spec))
+        for _ in range(runs):
+            ours.append(ours_run(traces, reps))
+            if python:
+                theirs.append(sglang_run(python, spec_path))
+    return summarize(ours, theirs)
+
+
+def summarize(ours: list[dict], theirs: list[dict]) -> dict:
+    def trace_stats(runs: list[dict], key: str, part: str = "traces") -> dict[str, float]:
+        out = {}
+        for op in ("match", "insert"):
+            for q in (50, 99):
+                out[f"{op}_p{q}"] = statistics.median(
+                    percentile(r[part][key][op], q / 100) for r in runs
+                )
+        return out
+
+    summary: dict = {"runs": len(ours), "traces": {}, "evict": {}}
+    if theirs:
+        summary["sglang_version"] = theirs[0]["sglang"]
+    for key in ours[0]["traces"]:
+        row = {
+            "radixcache": trace_stats(ours, key),
+            "radixcache_array": trace_stats(ours, key, "traces_array"),
+        }
+        if theirs:
+            row["sglang"] = trace_stats(theirs, key)
+            same = ours[0]["traces"][key]["matched"] == theirs[0]["traces"][key]["matched"]
+            row["matched_lengths_equal"] = same
+        summary["traces"][key] = row
+    for key in ours[0]["evict"]:
+        row = {
+            "radixcache": {
+                **ours[0]["evict"][key],
+                "us": statistics.median(r["evict"][key]["us"] for r in ours),
+                "drop_us": statistics.median(r["evict"][key]["drop_us"] for r in ours),
+            }
+        }
+        if theirs:
+            row["sglang"] = {
+                **theirs[0]["evict"][key],
+                "us": statistics.median(r["evict"][key]["us"] for r in theirs),
+            }
+        summary["evict"][key] = row  # fmt: skip
+    return summary
+
+
+def print_peer_tables(summary: dict) -> None:
+    have_peer = "sglang_version" in summary
+    peer = f"SGLang {summary['sglang_version']}" if have_peer else "SGLang (not run)"
+    rows = []
+    for key, row in summary["traces"].items():
+        theirs = row.get("sglang", {})
+        for op in ("match", "insert"):
+            cells = [key, op]
+            t50 = theirs.get(f"{op}_p50")
+            for side in ("radixcache", "radixcache_array"):
+                o50, o99 = row[side][f"{op}_p50"], row[side][f"{op}_p99"]
+                cells += [f"{o50:.1f} / {o99:.0f}", f"{o50 / t50:.2f}" if theirs else "-"]
+            cells.append(f"{t50:.1f} / {theirs[f'{op}_p99']:.0f}" if theirs else "-")
+            cells.append(str(row.get("matched_lengths_equal", "-")))
+            rows.append(cells)
+    print_table(
+        f"per request CPU us, p50 / p99 (median of {summary['runs']} alternating runs); "
+        f"x = ours / {peer} at p50; ours with token ids as lists and as array('q')",
+        ["trace/block", "op", "ours list", "x", "ours array", "x", "sglang", "same match"],
+        rows,
+    )
+    rows = []
+    for key, row in summary["evict"].items():
+        ours, theirs = row["radixcache"], row.get("sglang")
+        cells = [key, ours["cached_tokens"], ours["leaves"], ours["tokens_freed"], ours["us"],
+                 ours["drop_us"]]  # fmt: skip
+        if theirs:
+            cells += [theirs["leaves"], theirs["tokens_freed"], theirs["us"],
+                      theirs["us"] / ours["us"], theirs["us"] / ours["drop_us"]]  # fmt: skip
+        else:
+            cells += ["-"] * 5
+        rows.append(cells)
+    print_table(
+        f"evict({EVICT_TOKENS:,} tokens), median CPU us; speedup = {peer} / ours (evict, drop)",
+        ["tree/block", "cached", "leaves", "freed", "evict", "drop", "sglang leaves", "freed",
+         "us", "x evict", "x drop"],
+        rows,
+    )  # fmt: skip
 
 
 # --- Mooncake replay ---
@@ -351,12 +535,23 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, no 10^6 tree")
+    parser.add_argument("--sglang-python", help="interpreter with SGLang installed (PEERS.md)")
+    parser.add_argument("--runs", type=int, default=3, help="alternating runs of each side")
+    parser.add_argument("--peer-only", action="store_true", help="only the SGLang comparison")
     args = parser.parse_args()
     rng = random.Random(0)
     reps = 50 if args.quick else 200
-    out: dict = {"block_size": BS, "hashing": bench_hashing(rng, reps)}
+    out: dict = {"block_size": BS}
+    out["peer"] = peer_comparison(args.sglang_python, args.runs, 100)
+    print_peer_tables(out["peer"])
+    if args.peer_only:  # keep the other sections of the last full run
+        path = HERE / "results" / "index.json"
+        old = json.loads(path.read_text()) if path.exists() else {}
+        write_results({**old, "peer": out["peer"]})
+        return
+    out["hashing"] = bench_hashing(rng, reps)
     h = out["hashing"]
-    print(f"hashing: 4,096 tokens in {h['us']:.1f} us = {h['mtok_per_s']:.1f} M tokens/s")
+    print(f"\nhashing: 4,096 tokens in {h['us']:.1f} us = {h['mtok_per_s']:.1f} M tokens/s")
     sizes = (10**4, 10**5) if args.quick else (10**4, 10**5, 10**6)
     out["micro"] = [bench_tree_size(s, random.Random(s), reps) for s in sizes]
     rows = [[m["cached_tokens"], m["match_us"], m["flat_match_us"], m["flat_match_us"] / m["match_us"],
@@ -366,19 +561,6 @@ def main() -> None:
         "4,096-token prompt, median CPU us; flat = dict of chained hashes; x = flat / radix",
         ["cached", "match", "flat", "x", "insert", "flat", "x", "evict/blk", "flat"],
         rows,
-    )
-    out["evict_many_leaves"] = bench_evict_many_leaves(random.Random(1), 100)
-    e = out["evict_many_leaves"]
-    print(f"\nevict(1,024 tokens) on {e['cached_tokens']:,} tokens, {e['leaves']:,} leaves: "
-          f"{e['evict_1024_us']:.1f} us (SGLang RadixCache: ~3,000 us)")  # fmt: skip
-    out["traces"] = {
-        "shared_prefix": serve_trace(shared_prefix_trace(random.Random(2))),
-        "multi_turn": serve_trace(multi_turn_trace(random.Random(3))),
-    }
-    print_table(
-        "per request, median CPU us; SGLang RadixCache: match 18-35, insert 27-50",
-        ["trace", "requests", "match", "insert"],
-        [[k, v["requests"], v["match_us"], v["insert_us"]] for k, v in out["traces"].items()],
     )
     trace = load_trace()
     out["mooncake"] = hit_rate_table(trace)
@@ -398,6 +580,10 @@ def main() -> None:
             for r in out["mooncake"]
         ],  # fmt: skip
     )
+    write_results(out)
+
+
+def write_results(out: dict) -> None:
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "index.json").write_text(json.dumps(out, indent=2))
 

@@ -229,10 +229,10 @@ def bench_loadback(server: RedisServer, tmp: Path, sizes: list[int], repeats: in
             for _ in range(repeats):
                 settle(llm)
                 place_only_in(store, ns, hashes, tier)
-                before = store.stats()[tier]["load_time_s"]
+                before = store.stats().tiers[tier].stats.load_time_s
                 t, loaded = ttft(llm, prompt)
                 load.append(t)
-                reads.append(store.stats()[tier]["load_time_s"] - before)
+                reads.append(store.stats().tiers[tier].stats.load_time_s - before)
             rec, ld = statistics.median(recompute), statistics.median(load)
             rows.append(
                 {
@@ -434,10 +434,10 @@ def cluster_ttfts(llm: LLM, prompts: list[list[int]]) -> dict[str, float]:
     times, reads, shares = [], [], []
     for prompt in prompts:
         settle(llm)
-        before = store.stats()["redis"]["load_time_s"]
+        before = store.stats().tiers["redis"].stats.load_time_s
         t, by_tier = ttft(llm, prompt)
         times.append(t)
-        reads.append(store.stats()["redis"]["load_time_s"] - before)
+        reads.append(store.stats().tiers["redis"].stats.load_time_s - before)
         shares.append(by_tier.get("redis", 0) / len(prompt))
     return {
         "ttft_s": statistics.median(times),

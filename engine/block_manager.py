@@ -102,14 +102,13 @@ class BlockManager:
         return True
 
     def _take(self, n: int) -> list[int] | None:
-        """`n` free block ids; evicts LRU leaves first when short, spilling them to the tiers."""
+        """`n` free block ids; when short, LRU leaves are evicted first and spilled to the tiers
+        (without tiers `allocate` drops them: no hashes, no records)."""
         short = n - self.cache.num_free_blocks()
-        if short > 0:
+        if short > 0 and self.tiers is not None:
             if short > self.cache.num_evictable_blocks():
                 return None
-            evicted = self.cache.evict(short)
-            if self.tiers is not None:
-                self.tiers.spill(evicted)
+            self.tiers.spill(self.cache.evict(short))
         return self.cache.allocate(n)
 
     def lookup(self, ns: Namespace, tokens: list[int]) -> dict[str, int]:

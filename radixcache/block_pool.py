@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+OWNED = 1 << 24  # added to a block's state while the radix tree owns it
 
 
 class BlockPoolError(ValueError):
@@ -14,16 +18,25 @@ class BlockPool:
 
     The radix tree owns cached blocks without a private reference (`owned`), so a block is in
     exactly one of: free, owned by the tree, or privately referenced (possibly also owned).
+    One int32 per block holds both: private references + OWNED while the tree owns it. A numpy
+    array, so that a run of blocks (a whole prompt at block size 1) changes state in a few
+    vector operations instead of a Python step per block.
     """
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
         self.num_blocks = num_blocks
-        self.refcount = [0] * num_blocks
-        self.owned = [False] * num_blocks
+        self.state = np.zeros(num_blocks, dtype=np.int32)
+        self._slot = np.zeros(num_blocks, dtype=np.intp)  # scratch for the repeated-id check
         self._free = list(range(num_blocks - 1, -1, -1))
         self._num_private = 0
+
+    def refcount(self, block_id: int) -> int:
+        return int(self.state[block_id]) % OWNED
+
+    def owned(self, block_id: int) -> bool:
+        return bool(self.state[block_id] >= OWNED)
 
     def num_free(self) -> int:
         return len(self._free)
@@ -38,55 +51,63 @@ class BlockPool:
         ids = free[len(free) - n :]
         del free[len(free) - n :]
         ids.reverse()
-        refcount = self.refcount
-        for b in ids:
-            refcount[b] = 1
+        if ids:
+            self.state[ids] = 1
         self._num_private += n
         return ids
 
     def incref(self, block_ids: Iterable[int]) -> None:
         for b in block_ids:
             self._check_referenced(b)
-            self.refcount[b] += 1
+            self.state[b] += 1
 
     def decref(self, block_id: int) -> int:
         """Drop one private reference; returns the remaining count (freed at 0 if not owned)."""
         self._check_referenced(block_id)
-        count = self.refcount[block_id] - 1
-        self.refcount[block_id] = count
-        if count == 0 and not self.owned[block_id]:
+        state = int(self.state[block_id]) - 1
+        self.state[block_id] = state
+        if state == 0:
             self._num_private -= 1
             self._free.append(block_id)
-        return count
+        return state % OWNED
 
-    def adopt_many(self, block_ids: list[int]) -> list[int]:
+    def adopt_many(self, block_ids: Sequence[int]) -> list[int]:
         """The tree takes over one private reference of each block (all checked first).
 
         Returns the blocks that still carry private references (shared with a sibling)."""
-        refcount, owned = self.refcount, self.owned
-        if block_ids and (min(block_ids) < 0 or max(block_ids) >= self.num_blocks):
-            raise BlockPoolError("block id out of range")
-        if len(set(block_ids)) != len(block_ids):
+        n = len(block_ids)
+        if not n:
+            return []
+        try:  # a negative id does not fit uintp, one past the end fails the gather
+            ids = np.fromiter(block_ids, dtype=np.uintp, count=n)
+            states = self.state[ids]
+        except (OverflowError, IndexError):
+            raise BlockPoolError("block id out of range") from None
+        top = int(states.max())
+        if states.min() <= 0 or top >= OWNED:  # unreferenced, or owned already
+            bad = next(b for b in block_ids if not 0 < self.state[b] < OWNED)
+            raise BlockPoolError(f"block {bad} is not a private block of the caller")
+        if self._has_repeats(block_ids, ids):
             raise BlockPoolError("a block id appears twice")
-        for b in block_ids:
-            if refcount[b] <= 0 or owned[b]:
-                raise BlockPoolError(f"block {b} is not a private block of the caller")
-        shared = []
-        for b in block_ids:
-            owned[b] = True
-            count = refcount[b] - 1
-            refcount[b] = count
-            if count:
-                shared.append(b)
-        self._num_private -= len(block_ids)
-        return shared
+        self._num_private -= n
+        if top == 1:  # the usual case: the caller's only reference
+            self.state[ids] = OWNED
+            return []
+        self.state[ids] = states + (OWNED - 1)
+        return ids[states > 1].tolist()
 
-    def release_owned(self, block_ids: Iterable[int]) -> None:
+    def _has_repeats(self, block_ids: Sequence[int], ids: np.ndarray) -> bool:
+        if len(block_ids) <= 256:
+            return len(set(block_ids)) != len(block_ids)
+        order = np.arange(len(ids), dtype=np.intp)
+        self._slot[ids] = order  # a repeated id keeps only its last position
+        return bool(np.count_nonzero(self._slot[ids] != order))
+
+    def release_owned(self, block_ids: Sequence[int]) -> None:
         """The tree drops blocks it owned without private refs: they become free."""
-        owned, free = self.owned, self._free
-        for b in block_ids:
-            owned[b] = False
-            free.append(b)
+        if len(block_ids):
+            self.state[np.fromiter(block_ids, dtype=np.uintp, count=len(block_ids))] = 0
+            self._free += block_ids
 
     def free_ids(self) -> list[int]:
         return list(self._free)
@@ -94,5 +115,5 @@ class BlockPool:
     def _check_referenced(self, block_id: int) -> None:
         if not 0 <= block_id < self.num_blocks:
             raise BlockPoolError(f"block id {block_id} out of range")
-        if self.refcount[block_id] <= 0:
+        if self.state[block_id] % OWNED <= 0:
             raise BlockPoolError(f"block {block_id} has no private reference")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -36,6 +37,9 @@ class Namespace:
         text = "\x1f".join(str(f) for f in fields)
         return _xxh3(b"radixcache-namespace\x00" + text.encode("utf-8"))
 
+    def __hash__(self) -> int:  # the cached seed: the tree looks namespaces up on every call
+        return self.seed
+
     @cached_property
     def seed_bytes(self) -> bytes:
         return self.seed.to_bytes(8, "little")
@@ -49,8 +53,11 @@ class Namespace:
 
 
 def token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
-    """Token ids as little-endian int32 bytes (one numpy conversion)."""
-    return np.asarray(tokens, dtype="<i4").tobytes()
+    """Token ids as little-endian int32 bytes (struct packs Python ints faster than numpy
+    converts them; arrays are converted by numpy)."""
+    if isinstance(tokens, np.ndarray):
+        return tokens.astype("<i4", copy=False).tobytes()
+    return struct.pack(f"<{len(tokens)}i", *tokens)
 
 
 def block_hashes(

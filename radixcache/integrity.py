@@ -33,30 +33,34 @@ class CacheParts:
 
 
 def check_integrity(cache: CacheParts) -> None:
-    _check_pool(cache)
+    """Block hashes are lazy: the checks cover what is hashed (it must chain from the root and
+    be exactly what the hash index and `owner` hold) and that every other node is registered
+    as unhashed, so hashing it later (as lookup_hash does for all) completes the index."""
     nodes = [n for n in cache.tree.iter_nodes() if n.parent is not None]
+    _check_pool(cache, {b for n in nodes for b in n.blocks})
     for node in nodes:
         _check_node(cache, node)
-    _check_hash_index(cache)
+    _check_units(cache)
+    _check_hash_index(cache, nodes)
     _check_counters(cache, nodes)
     _check_evictable(cache, nodes)
     _check_private_locks(cache)
     pool, tree = cache.pool, cache.tree
-    evictable = len(tree.block_node) - tree.num_held
+    evictable = tree.num_cached - tree.num_held
     total = pool.num_free() + evictable + pool.num_private() + tree.num_held
     _require(total == cache.num_blocks, f"occupancy adds up to {total}, not {cache.num_blocks}")
 
 
-def _check_pool(cache: CacheParts) -> None:
-    pool, tree = cache.pool, cache.tree
+def _check_pool(cache: CacheParts, cached: set[int]) -> None:
+    pool = cache.pool
     free = pool.free_ids()
     _require(len(set(free)) == len(free), "a block is on the free list twice")
     free_set = set(free)
     private = 0
     for b in range(cache.num_blocks):
-        rc, owned = pool.refcount[b], pool.owned[b]
+        rc, owned = pool.refcount(b), pool.owned(b)
         _require(rc >= 0, f"block {b} has refcount {rc}")
-        _require(owned == (b in tree.block_node), f"block {b}: owned={owned} but tree disagrees")
+        _require(owned == (b in cached), f"block {b}: owned={owned} but tree disagrees")
         if b in free_set:
             _require(rc == 0 and not owned, f"free block {b} is referenced or cached")
         elif not owned:
@@ -70,7 +74,7 @@ def _check_node(cache: CacheParts, node: Node) -> None:
     assert parent is not None
     n = len(node.blocks)
     _require(n > 0, f"{node} holds no blocks")
-    _require(len(node.tokens) == n * bs and len(node.hashes) == n, f"{node} has ragged fields")
+    _require(len(node.tokens) == n * bs, f"{node} has ragged fields")
     _require(parent.children.get(node.key) is node, f"{node} is not under its key")
     _require(node.key == tuple(node.tokens[:bs]), f"{node} key is not its first block")
     _require(node.ns == parent.ns, f"{node} crosses namespaces")
@@ -79,29 +83,56 @@ def _check_node(cache: CacheParts, node: Node) -> None:
     kids = node.children.values()
     _require(node.lock_ref >= sum(c.lock_ref for c in kids), f"{node} locked less than below")
     _require(node.pin_ref >= sum(c.pin_ref for c in kids), f"{node} pinned less than below")
-    for b in node.blocks:
-        _require(cache.tree.block_node.get(b) is node, f"block {b} is not mapped to {node}")
-    mrc = cache.tree.mrc
-    if mrc is not None:
-        _require(node.sampled == mrc.sample(node.hashes), f"{node} sampled hashes are stale")
-    parent_hash = parent.hashes[-1] if parent.parent is not None else None
-    expected = cache.tree.hash_fn(node.ns, node.tokens, parent_hash)  # type: ignore[arg-type]
+    arr = node.token_array
+    _require(arr is None or arr.tolist() == node.tokens, f"{node} array copy of its tokens is off")
+    tree = cache.tree
+    if node.hashes is None:
+        _require(tree.unhashed.get(node.id) is node, f"{node} is unhashed but not registered")
+        return
+    _require(node.id not in tree.unhashed, f"{node} is hashed but registered as unhashed")
+    _require(parent.hashes is not None, f"{node} is hashed below an unhashed parent")
+    _require(len(node.hashes) == n, f"{node} has ragged hashes")
+    parent_hash = parent.hashes[-1] if parent.parent is not None else None  # type: ignore[index]
+    expected = tree.hash_fn(node.ns, node.tokens, parent_hash)  # type: ignore[arg-type]
     _require(tuple(expected) == node.hashes, f"{node} hashes do not chain from its parent")
 
 
-def _check_hash_index(cache: CacheParts) -> None:
+def _check_units(cache: CacheParts) -> None:
+    """Each node's miss-ratio units and samples, recomputed along its path."""
     tree = cache.tree
-    hash_of = {}
-    for b, node in tree.block_node.items():
-        hash_of[b] = node.hashes[node.blocks.index(b)]
+    if tree.mrc is None:
+        return
+    stack = [
+        (child, child.tokens) for root in tree.roots.values() for child in root.children.values()
+    ]
+    while stack:
+        node, path_tokens = stack.pop()
+        expected = tree._units(node.parent, path_tokens, node.depth, node.end_depth)  # type: ignore[arg-type]
+        _require(node.units == expected, f"{node} miss-ratio units are stale")
+        _require(node.sampled == tree._sampled(node.units), f"{node} samples are stale")
+        stack += [(c, path_tokens + c.tokens) for c in node.children.values()]
+
+
+def _check_hash_index(cache: CacheParts, nodes: list[Node]) -> None:
+    tree = cache.tree
+    hash_of, owner = {}, {}
+    for node in nodes:
+        if node.hashes is not None:
+            hash_of.update(zip(node.blocks, node.hashes, strict=True))
+            owner.update(dict.fromkeys(node.blocks, node))
     for h, b in tree.hash_index.items():
-        _require(hash_of.get(b) == h, f"hash index entry {h:x} -> {b} is not a cached block")
+        _require(hash_of.get(b) == h, f"hash index entry {h:x} -> {b} is not a hashed block")
     for b, h in hash_of.items():
-        _require(h in tree.hash_index, f"cached block {b} is missing from the hash index")
+        _require(h in tree.hash_index, f"hashed block {b} is missing from the hash index")
+    _require(tree.owner == owner, "owner map differs from the hashed blocks' nodes")
+    live = {id(n) for n in nodes}
+    _require(all(id(n) in live for n in tree.unhashed.values()), "an evicted node is unhashed")
 
 
 def _check_counters(cache: CacheParts, nodes: list[Node]) -> None:
     tree = cache.tree
+    cached = sum(len(n.blocks) for n in nodes)
+    _require(cached == tree.num_cached, f"cached blocks {tree.num_cached} != {cached}")
     locked = sum(len(n.blocks) for n in nodes if n.lock_ref > 0)
     pinned = sum(len(n.blocks) for n in nodes if n.pin_ref > 0)
     held = sum(len(n.blocks) for n in nodes if n.lock_ref > 0 or n.pin_ref > 0)
@@ -116,7 +147,7 @@ def _check_evictable(cache: CacheParts, nodes: list[Node]) -> None:
     want = {n.id for n in nodes if not n.children and n.lock_ref == 0 and n.pin_ref == 0}
     _require(want == set(tree.evictable_nodes), "evictable set differs from the evictable leaves")
     keys = {(n.evict_prio, n.id) for n in tree.evictable_nodes.values()}
-    _require(keys == set(tree.evictable) and len(keys) == len(tree.evictable), "stale set keys")
+    _require(keys <= set(tree.evictable), "a listed leaf is missing from the eviction heap")
     for n in tree.evictable_nodes.values():
         _require(n.set_key == (n.evict_prio, n.id), f"{n} changed priority while listed")
 
@@ -124,7 +155,7 @@ def _check_evictable(cache: CacheParts, nodes: list[Node]) -> None:
 def _check_private_locks(cache: CacheParts) -> None:
     pool = cache.pool
     for b in range(cache.num_blocks):
-        shared = pool.owned[b] and pool.refcount[b] > 0
+        shared = pool.owned(b) and pool.refcount(b) > 0
         _require(shared == (b in cache.private_locks), f"block {b} private lock bookkeeping")
     for b, node in cache.private_locks.items():
         _require(node.lock_ref > 0 and node.parent is not None, f"block {b} lock was dropped")

@@ -6,6 +6,13 @@ distinct sampled blocks referenced since its previous reference, divided by the 
 its LRU stack distance; an LRU cache of C blocks hits exactly the references with distance < C.
 In an LRU radix tree a parent is never less recent than its children, so block-level stack
 distances also describe the tree. Cost: O(log n) per *sampled* reference only.
+
+The tree does not hash every block for this (block hashes are computed lazily): it keys
+sampling *units*, every `unit_blocks`-th block of a chain (at most 64 tokens apart), by a cheap
+in-process chain over the units' tokens, and samples a unit with probability rate * unit_blocks,
+so a share `rate` of the blocks is still sampled. Blocks of one path a few tokens apart are
+reused together, so sampling one block per unit changes the estimate little; a unit costs one
+hash of a <= 64-token tuple, not one per block.
 """
 
 from __future__ import annotations
@@ -15,6 +22,25 @@ from collections.abc import Iterable, Sequence
 from sortedcontainers import SortedList
 
 DEFAULT_RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+UNIT_TOKENS = 64
+MASK64 = 2**64 - 1
+
+
+def unit_blocks(sample_rate: float, block_size: int) -> int:
+    """Blocks per sampling unit: up to UNIT_TOKENS tokens, and at most 1 / rate blocks."""
+    return max(1, min(int(1 / sample_rate), UNIT_TOKENS // block_size))
+
+
+def unit_keys(prev: int, tokens: Sequence[int], start: int, end: int, size: int) -> list[int]:
+    """Chained keys of the units tokens[start:end] (`size` tokens each; `prev`: the key of the
+    unit before, or the namespace seed). Python's tuple hash: deterministic for int tuples."""
+    keys = []
+    as_tuple = type(tokens) is not tuple
+    for pos in range(start, end, size):
+        unit = tuple(tokens[pos : pos + size]) if as_tuple else tokens[pos : pos + size]
+        prev = hash((prev, unit)) & MASK64
+        keys.append(prev)
+    return keys
 
 
 class MissRatioCurve:
@@ -34,6 +60,14 @@ class MissRatioCurve:
         self.distances: dict[int, int] = {}  # sampled stack distance -> references
         self.references = 0  # sampled references, hits and misses
         self.total = 0  # all block references, sampled or not (for the SHARDS_adj correction)
+        # sampled references not yet counted: the request path only appends (one C call); the
+        # O(log n) bookkeeping runs when the curve is read or this many are waiting
+        self.pending: list[int] = []
+        self.max_pending = 4096
+
+    def unit_threshold(self, blocks_per_unit: int) -> int:
+        """Keys under this are sampled: a unit stands for `blocks_per_unit` blocks."""
+        return int(min(1.0, self.rate * blocks_per_unit) * 2**64)
 
     def sample(self, hashes: Iterable[int]) -> tuple[int, ...]:
         """The hashes of `hashes` that are sampled (computed once per node, at insert)."""
@@ -44,7 +78,14 @@ class MissRatioCurve:
 
     def reference(self, sampled: Sequence[int]) -> None:
         """Record references to these sampled hashes (shallowest first)."""
-        for h in reversed(sampled):  # deeper blocks end up less recent, as the tree evicts them
+        self.pending += reversed(sampled)  # deeper blocks end up less recent, as the tree evicts
+        if len(self.pending) > self.max_pending:
+            self.drain()
+
+    def drain(self) -> None:
+        """Count the pending references, in the order they were made."""
+        pending, self.pending = self.pending, []
+        for h in pending:
             self._reference(h)
 
     def _reference(self, h: int) -> None:
@@ -68,6 +109,7 @@ class MissRatioCurve:
 
     def hit_rate(self, size_blocks: int) -> float:
         """Estimated LRU block hit rate at `size_blocks`."""
+        self.drain()
         # SHARDS_adj: the gap between the expected and the actual number of sampled references
         # (mostly a few very hot blocks that the sample caught or missed) counts as hits at
         # distance 0, and rates are taken over the expected number.

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 class EvictionPolicy(Protocol):
     name: str
+    uses_hashes: bool  # reads node.hashes: the tree then hashes every block at insert
 
     def attach(self, num_blocks: int) -> None:
         """Called once by the cache with the pool size."""
@@ -39,13 +40,15 @@ class EvictionPolicy(Protocol):
         """`node` lay on the path of a match (hit=True) or of an insert (hit=False)."""
 
     def on_evict(self, node: Node, hashes: tuple[int, ...]) -> None:
-        """The blocks `hashes` of `node` (priority `node.evict_prio`) were just evicted."""
+        """The blocks `hashes` of `node` (priority `node.evict_prio`) were just evicted
+        (None when the policy does not use hashes and nobody asked for them)."""
 
 
 class LRUPolicy:
     """Least recently used first."""
 
     name = "lru"
+    uses_hashes = False
 
     def attach(self, num_blocks: int) -> None:
         pass
@@ -77,6 +80,7 @@ class FrequencyAgeingPolicy:
     """
 
     name = "freq-ageing"
+    uses_hashes = True
 
     def __init__(self, ghost_factor: float = 2.0) -> None:
         self.ghost_factor = ghost_factor

@@ -43,6 +43,7 @@ class LearnedReusePolicy:
     """
 
     name = "learned"
+    uses_hashes = True
 
     def __init__(
         self,

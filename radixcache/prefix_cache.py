@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
+from functools import partial
+from itertools import repeat
 
 import numpy as np
 
@@ -13,7 +16,7 @@ from radixcache.mrc import DEFAULT_RATIOS, MissRatioCurve
 from radixcache.pinning import PinRegistry
 from radixcache.policy import EvictionPolicy, make_policy
 from radixcache.radix_node import Node
-from radixcache.radix_tree import HashFn, RadixTree, Victim
+from radixcache.radix_tree import HashFn, RadixTree, Tokens, Victim
 from radixcache.results import (
     EvictedBlock,
     InsertResult,
@@ -28,6 +31,21 @@ def _as_tuple(tokens: Sequence[int] | np.ndarray) -> tuple[int, ...]:
     if isinstance(tokens, np.ndarray):
         return tuple(tokens.tolist())
     return tuple(tokens)
+
+
+def _as_tokens(tokens: Sequence[int] | np.ndarray) -> Tokens:
+    """array('q') (or a numpy array, copied into one) stays an array: the tree then compares
+    token runs as memory (memcmp). A list is used as it is (the tree only slices it); anything
+    else becomes a list of ints."""
+    if type(tokens) is list:
+        return tokens
+    if type(tokens) is array and tokens.typecode == "q":
+        return tokens
+    if isinstance(tokens, np.ndarray):
+        out = array("q")
+        out.frombytes(tokens.astype(np.int64, copy=False).tobytes())
+        return out
+    return list(tokens)
 
 
 class PrefixCache:
@@ -68,16 +86,17 @@ class PrefixCache:
         return self.pool.num_free()
 
     def num_evictable_blocks(self) -> int:
-        return len(self.tree.block_node) - self.tree.num_held
+        return self.tree.num_cached - self.tree.num_held
 
     def num_cached_blocks(self) -> int:
-        return len(self.tree.block_node)
+        return self.tree.num_cached
 
     def can_allocate(self, n: int) -> bool:
         return self.pool.num_free() + self.num_evictable_blocks() >= n
 
     def allocate(self, n: int) -> list[int] | None:
-        """`n` free block ids, evicting (and dropping) LRU leaves when the free list is short.
+        """`n` free block ids, evicting (and dropping, see `drop`) LRU leaves when the free list
+        is short.
 
         A caller that keeps evicted KV (spill tiers) calls `evict` first and spills what it
         returns; the ids stay unused until the next `allocate`."""
@@ -87,7 +106,7 @@ class PrefixCache:
         if short > 0:
             if short > self.num_evictable_blocks():
                 return None
-            self.evict(short)  # dropped: see the docstring
+            self.drop(short)
         return self.pool.take(n)
 
     def incref(self, block_ids: Sequence[int]) -> None:
@@ -95,35 +114,38 @@ class PrefixCache:
 
     def free(self, block_ids: Sequence[int]) -> None:
         for b in block_ids:
-            if self.pool.decref(b) == 0 and self.pool.owned[b]:
+            if self.pool.decref(b) == 0 and self.pool.owned(b):
                 self.tree.add_refs(self._private_locks.pop(b), -1, 0)
 
     # --- prefix index ---
     def match(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> MatchResult:
         self._check_ns(ns)
-        toks = _as_tuple(tokens)
-        walk = self.tree.walk(ns, toks, len(toks) // self.block_size)
-        self.tree.touch(walk.path, walk.num_tokens)
+        toks = _as_tokens(tokens)
+        tree = self.tree
+        walk = tree.walk(ns, toks, len(toks) // self.block_size)
+        tree.touch(walk.path, walk.num_tokens)
         st = self._stats_of(ns)
         st.lookups += 1
         st.lookup_tokens += len(toks)
         st.hit_tokens += walk.num_tokens
-        last_hash = walk.node.hashes[-1] if walk.path else None
-        return MatchResult(walk.blocks, walk.num_tokens, walk.node, last_hash)
+        last = partial(tree.hash_of_block, walk.node, walk.blocks[-1]) if walk.blocks else None
+        return MatchResult(walk.blocks, walk.num_tokens, walk.node, last)
 
     def peek(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> MatchResult:
         """Like match, but changes nothing (no stats, no recency, no split): for lookups only.
 
         The handle is the deepest fully matched node; do not lock it."""
         self._check_ns(ns)
-        toks = _as_tuple(tokens)
-        walk = self.tree.walk(ns, toks, len(toks) // self.block_size, split=False)
-        last_hash = self._hash_of(walk.blocks[-1]) if walk.blocks else None
-        return MatchResult(walk.blocks, walk.num_tokens, walk.node, last_hash)
+        toks = _as_tokens(tokens)
+        tree = self.tree
+        walk = tree.walk(ns, toks, len(toks) // self.block_size, split=False)
+        holder = walk.partial or walk.node
+        last = partial(tree.hash_of_block, holder, walk.blocks[-1]) if walk.blocks else None
+        return MatchResult(walk.blocks, walk.num_tokens, walk.node, last)
 
     def is_cached(self, block_id: int) -> bool:
         """True when the tree owns `block_id` (it may also carry private references)."""
-        return self.pool.owned[block_id]
+        return self.pool.owned(block_id)
 
     def lock(self, handle: NodeHandle) -> None:
         self._check_handle(handle)
@@ -137,24 +159,27 @@ class PrefixCache:
         self, ns: Namespace, tokens: Sequence[int] | np.ndarray, block_ids: Sequence[int]
     ) -> InsertResult:
         self._check_ns(ns)
-        bs, toks, n = self.block_size, _as_tuple(tokens), len(block_ids)
+        bs, toks, n = self.block_size, _as_tokens(tokens), len(block_ids)
         if len(toks) < n * bs:
             raise ValueError(f"{n} blocks need {n * bs} tokens, got {len(toks)}")
         tree = self.tree
-        walk = tree.walk(ns, toks, n)
+        given = block_ids if type(block_ids) is list else list(block_ids)
+        walk = tree.walk(ns, toks, n, ids=given)
         tree.touch(walk.path)
         done = walk.num_tokens // bs
         ids = walk.blocks
-        head = list(block_ids[:done])
-        duplicates = [] if head == ids else [b for b, t in zip(head, ids, strict=True) if b != t]
+        duplicates = []
+        if not walk.by_ids:  # some matched blocks may be the caller's own copies
+            head = list(block_ids[:done])
+            duplicates = [b for b, t in zip(head, ids, strict=True) if b != t]
         node = walk.node
         if done < n:
-            new = tuple(block_ids[done:])
+            new = list(block_ids[done:n])
             try:
-                shared = self.pool.adopt_many(list(new))
+                shared = self.pool.adopt_many(new)
             except BlockPoolError as e:
                 raise ValueError(str(e)) from None
-            node = tree.add_child(node, toks[done * bs : n * bs], new)
+            node = tree.add_child(node, toks, new)
             for b in shared:  # a sibling still holds it privately: keep it from eviction
                 tree.add_refs(node, 1, 0)
                 self._private_locks[b] = node
@@ -164,41 +189,54 @@ class PrefixCache:
 
     def evict(self, n: int) -> list[EvictedBlock]:
         """Frees at least `n` blocks (fewer if not evictable) and returns what they held."""
+        return self._release(self._pop_victims(n, with_hashes=True))
+
+    def drop(self, n: int) -> int:
+        """Like evict, for a caller that keeps nothing of the evicted blocks (no spill tier):
+        no EvictedBlock per block and no hashes. Returns the blocks freed."""
+        victims = self._pop_victims(n, with_hashes=False)
+        self._free_victims(victims)
+        return sum(len(v.blocks) for v in victims)
+
+    def _pop_victims(self, n: int, with_hashes: bool) -> list[Victim]:
         victims: list[Victim] = []
         freed = 0
         while freed < n:
-            victim = self.tree.pop_victim(n - freed)
+            victim = self.tree.pop_victim(n - freed, with_hashes)
             if victim is None:
                 break
             victims.append(victim)
             freed += len(victim.blocks)
-        return self._release(victims)
+        return victims
 
     def hashes_of(self, handle: NodeHandle) -> list[int]:
         out: list[int] = []
+        if handle.parent is not None:
+            self.tree.hash_path(handle)
         for node in handle.path():
-            out += node.hashes
+            out += node.hashes  # type: ignore[arg-type]
         return out
 
     def lookup_hash(self, ns: Namespace, block_hash: int, tokens: Sequence[int]) -> int | None:
         """Cached block id of `block_hash` whose stored tokens equal `tokens` (collision guard)."""
+        self.tree.hash_all()  # the index then holds every cached block
         b = self.tree.hash_index.get(block_hash)
         if b is None:
             return None
-        node = self.tree.block_node[b]
+        node = self.tree.owner[b]
         i = node.blocks.index(b) * self.block_size
-        same = node.tokens[i : i + self.block_size] == _as_tuple(tokens)
+        same = node.tokens[i : i + self.block_size] == list(_as_tuple(tokens))
         return b if same and node.ns == ns else None
 
     # --- pinning ---
     def pin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
         """Pin the cached prefix of `tokens` (capped by max_pinned_fraction); tokens pinned."""
         self._check_ns(ns)
-        return self.pins.pin(ns, _as_tuple(tokens))
+        return self.pins.pin(ns, list(_as_tuple(tokens)))
 
     def unpin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
         """Undo one earlier pin of the same tokens; tokens unpinned."""
-        return self.pins.unpin(ns, _as_tuple(tokens))
+        return self.pins.unpin(ns, list(_as_tuple(tokens)))
 
     # --- maintenance and analytics ---
     def flush(self, ns: Namespace | None = None) -> list[EvictedBlock]:
@@ -212,7 +250,7 @@ class PrefixCache:
 
     def stats(self) -> CacheStats:
         tree = self.tree
-        cached = len(tree.block_node)
+        cached = tree.num_cached
         return CacheStats(
             num_blocks=self.num_blocks,
             block_size=self.block_size,
@@ -265,20 +303,25 @@ class PrefixCache:
     # --- helpers ---
     def _release(self, victims: list[Victim]) -> list[EvictedBlock]:
         """Returns the victims' blocks to the free list; their KV stays until the ids are reused."""
-        bs = self.block_size
-        evicted = []
+        bs, new = self.block_size, tuple.__new__
+        evicted: list[EvictedBlock] = []
         for v in victims:
-            self._stats_of(v.node.ns).evicted_blocks += len(v.blocks)  # type: ignore[arg-type]
-            evicted += [
-                EvictedBlock(b, v.node.ns, h, list(v.tokens[i * bs : (i + 1) * bs]))  # type: ignore[arg-type]
-                for i, (b, h) in enumerate(zip(v.blocks, v.hashes, strict=True))
-            ]
-            self.pool.release_owned(v.blocks)
+            n, ns = len(v.blocks), v.node.ns
+            per_block = zip(*[iter(v.tokens)] * bs, strict=True)  # a tuple of bs tokens per block
+            fields = zip(v.blocks, repeat(ns, n), v.hashes, map(list, per_block), strict=True)  # type: ignore[arg-type]
+            evicted += map(new, repeat(EvictedBlock, n), fields)  # EvictedBlock(*f), in C
+        self._free_victims(victims)
         return evicted
 
-    def _hash_of(self, block_id: int) -> int:
-        node = self.tree.block_node[block_id]
-        return node.hashes[node.blocks.index(block_id)]
+    def _free_victims(self, victims: list[Victim]) -> None:
+        """Counts the victims' blocks as evicted and frees them, in one pool update."""
+        if not victims:
+            return
+        blocks: list[int] = []
+        for v in victims:
+            self._stats_of(v.node.ns).evicted_blocks += len(v.blocks)  # type: ignore[arg-type]
+            blocks += v.blocks
+        self.pool.release_owned(blocks)
 
     def _stats_of(self, ns: Namespace) -> NamespaceStats:
         st = self._ns_stats.get(ns)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -11,13 +12,16 @@ if TYPE_CHECKING:
 class Node:
     """A compressed edge: `blocks[i]` holds the KV of `tokens[i * bs : (i + 1) * bs]`.
 
-    `hashes[i]` is the chained hash of block i. `depth` counts the tokens above this node.
+    `hashes[i]` is the chained hash of block i, or `hashes` is None until someone needs them
+    (RadixTree.hash_path computes them once; a hashed node's ancestors are hashed too).
+    `depth` counts the tokens above this node.
     `key` is the node's first block's tokens (its slot in `parent.children`).
     `lock_ref`/`pin_ref` count the handles that hold the path root..this node.
     `prio` is the eviction priority the policy gave it (lower goes first); `tail_prio`, when the
     policy sets it, is the priority of the node's last block until that block is first read or
     evicted (a request's last block is rarely read again). `set_key` is the node's entry in the
-    evictable set, or None when it is not evictable.
+    evictable set, or None when it is not evictable. `units` are the miss-ratio curve's keys of
+    the sampling units that end in this node, `sampled` those of them the curve samples.
     """
 
     __slots__ = (
@@ -28,6 +32,7 @@ class Node:
         "children",
         "blocks",
         "tokens",
+        "token_array",
         "hashes",
         "depth",
         "lock_ref",
@@ -39,6 +44,7 @@ class Node:
         "prio",
         "tail_prio",
         "freq",
+        "units",
         "sampled",
         "set_key",
     )
@@ -49,9 +55,9 @@ class Node:
         ns: Namespace | None,
         parent: Node | None,
         key: tuple[int, ...],
-        blocks: tuple[int, ...],
-        tokens: tuple[int, ...],
-        hashes: tuple[int, ...],
+        blocks: list[int],
+        tokens: list[int],
+        hashes: tuple[int, ...] | None,
         depth: int,
     ) -> None:
         self.id = node_id
@@ -61,6 +67,7 @@ class Node:
         self.children: dict[tuple[int, ...], Node] = {}
         self.blocks = blocks
         self.tokens = tokens
+        self.token_array: array | None = None  # tokens as array("q"), for callers that pass arrays
         self.hashes = hashes
         self.depth = depth
         self.lock_ref = 0
@@ -72,7 +79,8 @@ class Node:
         self.prio: float = 0.0
         self.tail_prio: float | None = None
         self.freq = 1  # the policy's reference count (may include ghost history)
-        self.sampled: tuple[int, ...] = ()  # hashes of this node the miss-ratio curve samples
+        self.units: tuple[int, ...] = ()
+        self.sampled: tuple[int, ...] = ()
         self.set_key: tuple[float, int] | None = None
 
     @property

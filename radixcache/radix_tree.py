@@ -1,33 +1,67 @@
-"""Radix tree at block granularity: match, insert, split, lock/pin refcounts, leaf eviction."""
+"""Radix tree at block granularity: match, insert, split, lock/pin refcounts, leaf eviction.
+
+A node holds its run of blocks as tuples (block ids, tokens), so matching, splitting and cutting
+cost C-level slices and compares, not a Python step per block. Chained block hashes are
+computed lazily, once per block (`hash_path`): only blocks that are spilled, published, looked
+up by hash, or read by a policy that keys on hashes need one. The hash index (hash -> block id)
+and `owner` (block id -> node) hold exactly the hashed blocks; a hashed node's ancestors are
+hashed too, so every hash chains from the namespace root.
+"""
 
 from __future__ import annotations
 
+import heapq
 import time
-from collections.abc import Callable, Sequence
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
-from sortedcontainers import SortedList
-
 from radixcache.hashing import Namespace, block_hashes
-from radixcache.mrc import MissRatioCurve
+from radixcache.mrc import MissRatioCurve, unit_blocks, unit_keys
 from radixcache.policy import EvictionPolicy
 from radixcache.radix_node import Node
 
 HashFn = Callable[[Namespace, Sequence[int], "int | None"], list[int]]
+Tokens = list[int] | array  # array("q"): token runs are compared as memory
 
 
 class Walk(NamedTuple):
-    node: Node  # deepest node matched (the namespace root when nothing matched)
+    node: Node  # deepest fully matched node (the namespace root when nothing matched)
     blocks: list[int]  # matched block ids, root first
     num_tokens: int
-    path: list[Node]  # matched nodes below the root
+    path: list[Node]  # fully matched nodes below the root
+    partial: Node | None  # split=False only: the child whose first blocks matched too
+    by_ids: bool = False  # every matched block was found by the caller's ids (no duplicates)
 
 
 class Victim(NamedTuple):
     node: Node
-    blocks: tuple[int, ...]
-    hashes: tuple[int, ...]
-    tokens: tuple[int, ...]  # tokens of `blocks`, block_size per block
+    blocks: list[int]
+    hashes: tuple[int, ...] | None  # None: never hashed, and the caller did not ask
+    tokens: list[int]  # tokens of `blocks`, block_size per block
+
+
+class BlockNodes:
+    """block id -> the node holding it (debugging and tests: hashes every block first)."""
+
+    def __init__(self, tree: RadixTree) -> None:
+        self.tree = tree
+
+    def __getitem__(self, block_id: int) -> Node:
+        self.tree.hash_all()
+        return self.tree.owner[block_id]
+
+    def get(self, block_id: int, default: Node | None = None) -> Node | None:
+        self.tree.hash_all()
+        return self.tree.owner.get(block_id, default)
+
+    def __contains__(self, block_id: object) -> bool:
+        self.tree.hash_all()
+        return block_id in self.tree.owner
+
+    def __len__(self) -> int:
+        return self.tree.num_cached
 
 
 class RadixTree:
@@ -44,11 +78,18 @@ class RadixTree:
         self.policy = policy
         self.mrc = mrc
         self.hash_fn = hash_fn
+        self.hash_on_insert = getattr(policy, "uses_hashes", True)
+        self.unit = unit_blocks(mrc.rate, block_size) if mrc is not None else 1
+        self.unit_threshold = mrc.unit_threshold(self.unit) if mrc is not None else 0
         self.roots: dict[Namespace, Node] = {}
-        self.hash_index: dict[int, int] = {}  # chained block hash -> block id
-        self.block_node: dict[int, Node] = {}  # cached block id -> node holding it
-        self.evictable = SortedList()  # (evict_prio, node id) of unreferenced, unpinned leaves
+        self.hash_index: dict[int, int] = {}  # chained block hash -> block id (hashed blocks)
+        self.owner: dict[int, Node] = {}  # hashed block id -> node holding it
+        self.unhashed: dict[int, Node] = {}  # node id -> node not hashed yet
+        # (evict_prio, node id) of unreferenced, unpinned leaves: a heap whose entries stay
+        # behind when a node is unlisted (stale: node.set_key differs) and are skipped on pop
+        self.evictable: list[tuple[float, int]] = []
         self.evictable_nodes: dict[int, Node] = {}
+        self.num_cached = 0  # cached blocks
         self.num_locked = 0  # cached blocks on a locked path
         self.num_pinned = 0  # cached blocks on a pinned path
         self.num_held = 0  # cached blocks on a locked or pinned path
@@ -56,64 +97,88 @@ class RadixTree:
         self.tick = 0
         self._next_id = 0
 
+    @property
+    def block_node(self) -> BlockNodes:
+        return BlockNodes(self)
+
     # --- lookup ---
     def root(self, ns: Namespace) -> Node:
         root = self.roots.get(ns)
         if root is None:
-            root = self.roots[ns] = self._new_node(ns, None, (), (), (), (), 0)
+            root = self.roots[ns] = self._new_node(ns, None, (), [], [], (), 0)
         return root
 
     def walk(
-        self, ns: Namespace, tokens: tuple[int, ...], num_blocks: int, split: bool = True
+        self,
+        ns: Namespace,
+        tokens: Tokens,
+        num_blocks: int,
+        split: bool = True,
+        ids: list[int] | None = None,
     ) -> Walk:
         """Longest cached prefix of tokens[: num_blocks * bs]; splits the last node at its end.
 
-        With split=False the tree is left as is: `node` is then the deepest fully matched node.
-        """
+        With split=False the tree is left as is: `node` is then the deepest fully matched node
+        and `partial` the child matched part-way. With `ids` (an insert's block ids), a child
+        whose blocks are exactly ids at its position is taken without comparing its tokens:
+        the caller got those ids from a match of the same tokens (their KV is the tree's).
+        `tokens` as array("q") is compared with each node's array copy (memcmp)."""
         bs = self.block_size
         end = num_blocks * bs
         node = self.root(ns)
-        pos, blocks, path = 0, [], []
+        pos, blocks, path, by_ids = 0, [], [], ids is not None
+        as_array = type(tokens) is array
         while pos < end:
-            child = node.children.get(tokens[pos : pos + bs])
+            child = node.children.get(tuple(tokens[pos : pos + bs]))
             if child is None:
                 break
-            size = len(child.tokens)
-            if pos + size <= end and child.tokens == tokens[pos : pos + size]:
+            stored = self.token_array(child) if as_array else child.tokens
+            size = len(stored)
+            if (
+                pos + size <= end
+                and ids is not None
+                and child.blocks == ids[pos // bs : (pos + size) // bs]
+            ):
                 matched = size
+            elif pos + size <= end and stored == tokens[pos : pos + size]:
+                matched, by_ids = size, False
             else:
-                matched = self._common_tokens(child.tokens, tokens, pos, end)
-                if matched < size and not split:
+                by_ids = False
+                matched = self._common_tokens(stored, tokens, pos, end)
+                if not split:
                     blocks += child.blocks[: matched // bs]
-                    return Walk(node, blocks, pos + matched, path)
-                if matched < size:
-                    child = self.split(child, matched // bs)
+                    return Walk(node, blocks, pos + matched, path, child)
+                child = self.split(child, matched // bs)
             blocks += child.blocks
             path.append(child)
             pos += matched
             node = child
             if matched < size:
                 break
-        return Walk(node, blocks, pos, path)
+        return Walk(node, blocks, pos, path, None, by_ids)
 
-    def _common_tokens(
-        self, stored: tuple[int, ...], tokens: tuple[int, ...], pos: int, end: int
-    ) -> int:
+    def _common_tokens(self, stored: Tokens, tokens: Tokens, pos: int, end: int) -> int:
         """Tokens (whole blocks) shared by `stored` and tokens[pos:end]; the first block is known
-        to match. Gallops then bisects, so a long run costs O(log n) slice compares."""
+        to match. Gallops over doubling windows, then bisects the window that differs: each
+        token is compared about twice, in C-level slice compares."""
         bs = self.block_size
-        limit = min(len(stored), end - pos) // bs
+        limit = min(len(stored), end - pos) // bs  # blocks that could match
 
-        def same(n: int) -> bool:
-            return stored[: n * bs] == tokens[pos : pos + n * bs]
+        def same(a: int, b: int) -> bool:  # blocks [a, b) equal
+            return stored[a * bs : b * bs] == tokens[pos + a * bs : pos + b * bs]
 
-        lo, step = 1, 1  # same(lo) holds
-        while lo + step <= limit and same(lo + step):
-            lo, step = lo + step, step * 2
-        hi = min(lo + step, limit + 1)  # same(hi) fails or hi is out of range
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if same(mid) else (lo, mid)
+        lo, step = 1, 1  # blocks [0, lo) match
+        while lo < limit:
+            hi = min(lo + step, limit)
+            if not same(lo, hi):
+                while hi - lo > 1:  # [0, lo) match, [lo, hi) differs somewhere
+                    mid = (lo + hi) // 2
+                    if same(lo, mid):
+                        lo = mid
+                    else:
+                        hi = mid
+                return lo * bs  # block lo differs
+            lo, step = hi, step * 2
         return lo * bs
 
     def touch(self, path: list[Node], matched_tokens: int = 0) -> None:
@@ -137,26 +202,74 @@ class RadixTree:
             if listed:
                 self._list(node)
 
-    # --- insert ---
-    def add_child(self, parent: Node, tokens: tuple[int, ...], blocks: tuple[int, ...]) -> Node:
-        """Hang a new node of `blocks` (holding `tokens`) under `parent`."""
-        bs = self.block_size
-        parent_hash = parent.hashes[-1] if parent.hashes else None
-        hashes = tuple(self.hash_fn(parent.ns, tokens, parent_hash))  # type: ignore[arg-type]
-        key = tokens[:bs]
-        node = self._new_node(parent.ns, parent, key, blocks, tokens, hashes, parent.end_depth)
-        parent.children[key] = node
-        self.block_node.update(dict.fromkeys(blocks, node))
+    @staticmethod
+    def token_array(node: Node) -> array:
+        """The node's tokens as array("q"), made on first use (callers that pass arrays)."""
+        if node.token_array is None:
+            node.token_array = array("q", node.tokens)
+        return node.token_array
+
+    # --- hashes ---
+    def hash_path(self, node: Node) -> tuple[int, ...]:
+        """The chained hashes of `node`, computing them (and its ancestors') if not done yet."""
+        target, chain = node, []
+        while node.hashes is None:  # the root's are ()
+            chain.append(node)
+            node = node.parent  # type: ignore[assignment]
+        for n in reversed(chain):
+            parent = n.parent
+            assert parent is not None
+            parent_hash = parent.hashes[-1] if parent.hashes else None
+            self._set_hashes(n, tuple(self.hash_fn(n.ns, n.tokens, parent_hash)))  # type: ignore[arg-type]
+        return target.hashes  # type: ignore[return-value]
+
+    def hash_all(self) -> None:
+        for node in list(self.unhashed.values()):
+            if node.hashes is None:
+                self.hash_path(node)
+
+    def hash_of_block(self, node: Node, block_id: int) -> int:
+        """Hash of `block_id`, held by `node` or (after a split) by one of its ancestors."""
+        while block_id not in node.blocks:
+            if node.parent is None:
+                raise LookupError(f"block {block_id} is no longer cached")
+            node = node.parent
+        return self.hash_path(node)[node.blocks.index(block_id)]
+
+    def _set_hashes(self, node: Node, hashes: tuple[int, ...]) -> None:
+        node.hashes = hashes
+        del self.unhashed[node.id]
         index = self.hash_index
         if index.keys().isdisjoint(hashes):
-            index.update(zip(hashes, blocks, strict=True))
+            index.update(zip(hashes, node.blocks, strict=True))
         else:
-            for b, h in zip(blocks, hashes, strict=True):
+            for b, h in zip(node.blocks, hashes, strict=True):
                 self.collisions += index.setdefault(h, b) != b
+        self.owner.update(dict.fromkeys(node.blocks, node))
+
+    # --- insert ---
+    def add_child(self, parent: Node, tokens: Tokens, blocks: list[int]) -> Node:
+        """Hang a new node of `blocks` under `parent`; `tokens` is the whole sequence (root
+        first), the node holds tokens[parent.end_depth:][: len(blocks) * bs]."""
+        bs = self.block_size
+        start = parent.end_depth
+        own = tokens[start : start + len(blocks) * bs]
+        own_array = None
+        if type(own) is array:
+            own_array, own = own, own.tolist()
+        key = tuple(own[:bs])
+        node = self._new_node(parent.ns, parent, key, blocks, own, None, start)
+        node.token_array = own_array
+        parent.children[key] = node
+        self.num_cached += len(blocks)
+        self.unhashed[node.id] = node
+        if self.hash_on_insert:
+            self.hash_path(node)
         self.policy.on_insert(node, self.tick)
         if self.mrc is not None:
             self.mrc.total += len(blocks)
-            node.sampled = self.mrc.sample(hashes)
+            node.units = self._units(parent, tokens, start, start + len(own))
+            node.sampled = self._sampled(node.units)
             if node.sampled:
                 self.mrc.reference(node.sampled)
         self._refresh(node)
@@ -169,13 +282,14 @@ class RadixTree:
         bs = self.block_size
         parent = node.parent
         assert parent is not None and 0 < k < len(node.blocks)
+        hashes = node.hashes
         upper = self._new_node(
             node.ns,
             parent,
             node.key,
             node.blocks[:k],
             node.tokens[: k * bs],
-            node.hashes[:k],
+            None if hashes is None else hashes[:k],
             node.depth,
         )
         for attr in ("lock_ref", "pin_ref", "last_access", "last_used", "hits", "prio", "freq"):
@@ -183,20 +297,48 @@ class RadixTree:
         upper.tokens_saved = node.tokens_saved * k // len(node.blocks)
         node.tokens_saved -= upper.tokens_saved
         parent.children[node.key] = upper
-        node.blocks, node.tokens, node.hashes = (
-            node.blocks[k:],
-            node.tokens[k * bs :],
-            node.hashes[k:],
-        )
-        node.key, node.parent, node.depth = node.tokens[:bs], upper, upper.end_depth
+        node.blocks, node.tokens = node.blocks[k:], node.tokens[k * bs :]
+        if node.token_array is not None:
+            upper.token_array = node.token_array[: k * bs]
+            node.token_array = node.token_array[k * bs :]
+        node.key, node.parent, node.depth = tuple(node.tokens[:bs]), upper, upper.end_depth
         upper.children[node.key] = node
-        block_node = self.block_node
-        for b in upper.blocks:
-            block_node[b] = upper
-        if node.sampled:
-            upper.sampled = tuple(h for h in node.sampled if h in upper.hashes)
-            node.sampled = node.sampled[len(upper.sampled) :]
+        if hashes is None:
+            self.unhashed[upper.id] = upper
+        else:
+            node.hashes = hashes[k:]
+            self.owner.update(dict.fromkeys(upper.blocks, upper))
+        if node.units:
+            c = self._units_before(upper.depth, upper.end_depth)
+            upper.units, node.units = node.units[:c], node.units[c:]
+            upper.sampled, node.sampled = self._sampled(upper.units), self._sampled(node.units)
         return upper
+
+    # --- miss-ratio sampling units ---
+    def _units(self, parent: Node, tokens: Tokens, start: int, end: int) -> tuple:
+        """Keys of the sampling units that end in tokens (start, end] (a new node's span)."""
+        size = self.unit * self.block_size
+        first = start // size  # units ending at or before `start` belong to the ancestors
+        if first >= end // size:
+            return ()
+        if first == 0:
+            prev = parent.ns.seed  # type: ignore[union-attr]
+        else:
+            holder = parent  # the node in which unit first - 1 ends
+            while holder.depth >= first * size:
+                holder = holder.parent  # type: ignore[assignment]
+            prev = holder.units[first - 1 - holder.depth // size]
+        return tuple(unit_keys(prev, tokens, first * size, end // size * size, size))
+
+    def _units_before(self, depth: int, end: int) -> int:
+        """Units that end in (depth, end]."""
+        size = self.unit * self.block_size
+        return end // size - depth // size
+
+    def _sampled(self, units: tuple[int, ...]) -> tuple[int, ...]:
+        if not units or min(units) >= self.unit_threshold:
+            return ()
+        return tuple(filter(self.unit_threshold.__gt__, units))
 
     def _sample_path(self, path: list[Node], matched_tokens: int) -> None:
         mrc = self.mrc
@@ -226,37 +368,41 @@ class RadixTree:
             node = node.parent
 
     # --- eviction ---
-    def pop_victim(self, max_blocks: int) -> Victim | None:
+    def pop_victim(self, max_blocks: int, with_hashes: bool = True) -> Victim | None:
         """Evict up to max_blocks tail blocks of the lowest-priority evictable leaf."""
-        if not self.evictable:
+        node = self._pop_evictable()
+        if node is None:
             return None
-        _, node_id = self.evictable.pop(0)
-        node = self.evictable_nodes.pop(node_id)
-        node.set_key = None
         if node.tail_prio is not None:  # listed by its tail's priority: only the tail goes
             max_blocks = 1
-        return self._cut_tail(node, min(max_blocks, len(node.blocks)))
+        return self._cut_tail(node, min(max_blocks, len(node.blocks)), with_hashes)
 
-    def evict_node(self, node: Node) -> Victim:
+    def evict_node(self, node: Node, with_hashes: bool = True) -> Victim:
         """Evict all blocks of an evictable leaf."""
         self._unlist(node)
-        return self._cut_tail(node, len(node.blocks))
+        return self._cut_tail(node, len(node.blocks), with_hashes)
 
-    def _cut_tail(self, node: Node, n: int) -> Victim:
+    def _cut_tail(self, node: Node, n: int, with_hashes: bool) -> Victim:
         bs = self.block_size
         keep = len(node.blocks) - n
-        victim = Victim(node, node.blocks[keep:], node.hashes[keep:], node.tokens[keep * bs :])
-        node.blocks, node.hashes = node.blocks[:keep], node.hashes[:keep]
-        node.tokens = node.tokens[: keep * bs]
-        if node.sampled:
-            gone = set(victim.hashes)
-            node.sampled = tuple(h for h in node.sampled if h not in gone)
-        index, block_node = self.hash_index, self.block_node
-        for b, h in zip(victim.blocks, victim.hashes, strict=True):
-            del block_node[b]
-            if index.get(h) == b:
-                del index[h]
-        self.policy.on_evict(node, victim.hashes)
+        hashes = self.hash_path(node) if with_hashes else node.hashes
+        victim = Victim(
+            node,
+            node.blocks[keep:],
+            None if hashes is None else hashes[keep:],
+            node.tokens[keep * bs :],
+        )
+        node.blocks, node.tokens = node.blocks[:keep], node.tokens[: keep * bs]
+        if node.token_array is not None:
+            node.token_array = node.token_array[: keep * bs]
+        self.num_cached -= n
+        if hashes is not None:
+            node.hashes = hashes[:keep]
+            self._unindex(victim)
+        if node.units:
+            node.units = node.units[: self._units_before(node.depth, node.end_depth)]
+            node.sampled = self._sampled(node.units)
+        self.policy.on_evict(node, victim.hashes)  # type: ignore[arg-type]
         node.tail_prio = None
         if keep:
             self._list(node)
@@ -265,8 +411,20 @@ class RadixTree:
             assert parent is not None
             del parent.children[node.key]
             node.parent = None
+            self.unhashed.pop(node.id, None)
             self._refresh(parent)
         return victim
+
+    def _unindex(self, victim: Victim) -> None:
+        index, owner = self.hash_index, self.owner
+        assert victim.hashes is not None
+        deque(map(owner.pop, victim.blocks), maxlen=0)
+        if not self.collisions:
+            deque(map(index.pop, victim.hashes), maxlen=0)
+            return
+        for b, h in zip(victim.blocks, victim.hashes, strict=True):
+            if index.get(h) == b:
+                del index[h]
 
     # --- evictable set ---
     def _refresh(self, node: Node) -> None:
@@ -283,23 +441,38 @@ class RadixTree:
 
     def _list(self, node: Node) -> None:
         node.set_key = (node.evict_prio, node.id)
-        self.evictable.add(node.set_key)
+        heapq.heappush(self.evictable, node.set_key)
         self.evictable_nodes[node.id] = node
+        if len(self.evictable) > 2 * len(self.evictable_nodes) + 64:  # mostly stale: rebuild
+            self.evictable = [n.set_key for n in self.evictable_nodes.values()]  # type: ignore[misc]
+            heapq.heapify(self.evictable)
 
     def _unlist(self, node: Node) -> None:
-        self.evictable.remove(node.set_key)
         del self.evictable_nodes[node.id]
         node.set_key = None
+
+    def _pop_evictable(self) -> Node | None:
+        """The listed leaf of lowest (evict_prio, id), unlisted; None when there is none."""
+        heap, listed = self.evictable, self.evictable_nodes
+        while heap:
+            key = heapq.heappop(heap)
+            node = listed.get(key[1])
+            if node is not None and node.set_key == key:
+                del listed[key[1]]
+                node.set_key = None
+                return node
+        return None
 
     def _new_node(self, ns, parent, key, blocks, tokens, hashes, depth) -> Node:  # noqa: ANN001
         self._next_id += 1
         return Node(self._next_id, ns, parent, key, blocks, tokens, hashes, depth)
 
     def iter_nodes(self) -> list[Node]:
-        out: list[Node] = []
+        return list(self._walk_all())
+
+    def _walk_all(self) -> Iterator[Node]:
         stack = list(self.roots.values())
         while stack:
             node = stack.pop()
-            out.append(node)
+            yield node
             stack.extend(node.children.values())
-        return out

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from storage.base import TierStats
@@ -33,6 +33,11 @@ class NodeHealth:
 class RedisStats(TierStats):
     topology_refreshes: int = 0
     nodes: dict[str, NodeHealth] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # dataclasses.replace(stats) is how a snapshot is taken (TieredStore.stats): the copy gets
+        # nodes of its own (one atomic list() of the live dict, each NodeHealth copied)
+        self.nodes = {name: replace(h) for name, h in list(self.nodes.items())}
 
     def snapshot(self) -> dict[str, Any]:
         nodes = list(self.nodes.items())  # one atomic copy: the I/O threads may add a node

@@ -14,6 +14,8 @@ import pytest
 from redis.connection import Connection
 
 from engine.llm import LLM
+from engine.outputs import RequestResult
+from engine.request import Prompt
 from engine.sampling import SamplingParams
 from radixcache.hashing import Namespace
 from storage.codec import HEADER_SIZE
@@ -21,10 +23,9 @@ from storage.config import TierConfig
 from storage.redis_nodes import ClusterAddress, parse_cluster_url
 from storage.redis_tier import RedisTier
 from storage.tiered import TieredStore
-from tests.engine.conftest import make_tiny_model
 from tests.redis_cluster import ClusterNode, RedisClusterServers, running_cluster
 from tests.redis_server import free_port
-from tests.storage.conftest import chain, encoded
+from tests.storage.blocks import chain, encoded
 
 
 @pytest.fixture(scope="module")
@@ -252,8 +253,8 @@ DEVICE_BLOCKS = 32  # the prompts below need ~60 distinct blocks
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("cluster_model") / "llama", "llama")
+def model(tiny_llama: Path) -> Path:
+    return tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +286,7 @@ def store_of(llm: LLM) -> TieredStore:
 def settle(llm: LLM) -> dict:
     llm.engine.flush()
     assert store_of(llm).wait_idle(30)
-    return store_of(llm).stats()["redis"]
+    return store_of(llm).stats().tiers["redis"].stats.snapshot()
 
 
 def redis_tokens(outputs: list) -> int:
@@ -356,20 +357,20 @@ def test_master_killed_mid_workload_then_restarted_empty(
     llm.engine.close()
 
 
-def run_killing(llm: LLM, prompts: list[list[int]], node: ClusterNode) -> list:
+def run_killing(llm: LLM, prompts: list[list[int]], node: ClusterNode) -> list[RequestResult]:
     """Runs the prompts, SIGKILLing `node` once the first two requests have finished."""
     engine = llm.engine
-    ids = [f"kill-{i}" for i in range(len(prompts))]
-    for rid, prompt in zip(ids, prompts, strict=True):
-        engine.add_request(rid, prompt, PARAMS)
-    done: dict[str, object] = {}
-    while len(done) < len(ids):
+    results = {f"kill-{i}": RequestResult(f"kill-{i}") for i in range(len(prompts))}
+    for rid, prompt in zip(results, prompts, strict=True):
+        engine.add_request(rid, Prompt(list(prompt)), PARAMS)
+    finished = 0
+    while finished < len(results):
         for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-        if len(done) >= 2 and node.running:
+            results[out.request_id].add(out)
+            finished += out.finished
+        if finished >= 2 and node.running:
             node.kill()
-    return [done[i] for i in ids]
+    return list(results.values())
 
 
 def test_corrupt_values_on_one_node_are_recomputed(
@@ -414,8 +415,7 @@ def test_cli_flags_select_the_cluster_tier_and_ttl() -> None:
 def test_node_health_in_cache_stats_and_metrics(model: Path, fresh_cluster) -> None:
     from api.config import ApiConfig
     from radixcache.hashing import block_hashes
-    from tests.api.conftest import BLOCK_SIZE, engine_config, fresh_text, start_server
-    from tests.api.test_cache_routes import metric
+    from tests.api.servers import BLOCK_SIZE, engine_config, fresh_text, metric, start_server
 
     tiers = TierConfig(redis_url=fresh_cluster.url, redis_prefix="api", redis_cooldown_s=600)
     server = start_server(engine_config(model, num_blocks=64, tiers=tiers), ApiConfig())
