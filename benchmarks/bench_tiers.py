@@ -498,6 +498,7 @@ def dead_master_rows(
     first sight (the leading run ends at the dead node's first block; the rest is recomputed and
     its blocks handed off to stand-ins), then again (served from the stand-ins). Recompute TTFT
     is remeasured on fresh prompts at the same time."""
+    settle(llm)  # every block in Redis, none on the device: the crash is the only loss
     cluster.nodes[0].kill()
     cluster.wait_noticed_down(cluster.nodes[0])
     vocab, n = llm.tokenizer.vocab_size, healthy["prompt_tokens"]
