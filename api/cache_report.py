@@ -76,6 +76,7 @@ def cache_report(
         "namespaces": _namespaces(counters.cache, diff, caller),
         "occupancy": {tier: asdict(o) for tier, o in counters.occupancy.items()},
         "requests": {"running": counters.running, "waiting": counters.waiting},
+        "redis_nodes": counters.redis_nodes,
         "compute_saved_note": "flops ~ 2 x parameters x tokens saved (attention not counted)",
         "device": {
             "block_size": cache.block_size,

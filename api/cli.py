@@ -25,6 +25,13 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+def parse_ttl(text: str) -> int:
+    """Seconds >= 0 (0: no expiry)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text!r}")
+    return int(text)
+
+
 def cache_home() -> Path:
     return Path(os.environ.get("RADIXCACHE_HOME") or Path.home() / ".cache" / "radixcache")
 
@@ -141,7 +148,17 @@ def _tier_args(p: argparse.ArgumentParser) -> None:
         choices=["none", "per-file"],
         help="per-file: fsync each block and its folder (survives power loss; slower writes)",
     )
-    g.add_argument("--redis-url", default=None, help="Redis tier, e.g. redis://localhost:6379/0")
+    g.add_argument(
+        "--redis-url",
+        default=None,
+        help="Redis tier: redis://HOST:PORT/DB, or a Redis Cluster: redis+cluster://HOST:PORT[,...]",
+    )
+    g.add_argument(
+        "--redis-ttl",
+        type=parse_ttl,
+        default=24 * 3600,
+        help="seconds a block lives in Redis (0: no expiry, Redis's maxmemory-policy evicts)",
+    )
     g.add_argument(
         "--write-policy",
         default="write-back",
@@ -249,6 +266,7 @@ def tier_config(args: argparse.Namespace) -> Any:
         disk_bytes=args.disk_bytes,
         disk_fsync=args.disk_fsync,
         redis_url=args.redis_url,
+        redis_ttl_s=args.redis_ttl or None,
         write_policy=args.write_policy,
     )
     return tiers if tiers.enabled else None

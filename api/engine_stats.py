@@ -67,6 +67,13 @@ class EngineCounters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     occupancy: dict[str, TierOccupancy] = field(default_factory=dict)
+    redis_nodes: dict[str, dict[str, int]] = field(default_factory=dict)  # "host:port" -> health
+
+
+def _redis_nodes(snap: EngineSnapshot) -> dict[str, dict[str, int]]:
+    redis = None if snap.tiers is None else snap.tiers.tiers.get("redis")
+    nodes = getattr(redis.stats, "nodes", {}) if redis is not None else {}
+    return {name: h.snapshot() for name, h in sorted(nodes.items())}
 
 
 def read_counters(snap: EngineSnapshot, output_tokens: int) -> EngineCounters:
@@ -106,4 +113,5 @@ def read_counters(snap: EngineSnapshot, output_tokens: int) -> EngineCounters:
         prompt_tokens=totals.prefill_tokens + totals.cached_tokens,
         generation_tokens=totals.decode_tokens,
         occupancy=occupancy,
+        redis_nodes=_redis_nodes(snap),
     )

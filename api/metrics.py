@@ -64,6 +64,27 @@ class EngineCollector(Collector):
                 used_bytes.add_metric([tier], occ.used_bytes)
         yield used
         yield used_bytes
+        yield from _redis_nodes(c.redis_nodes)
+
+
+def _redis_nodes(nodes: dict[str, dict[str, int]]) -> Iterator[Metric]:
+    """Per Redis node (a cluster master, or the one server): up, errors, writes dropped."""
+    up = GaugeMetricFamily(
+        f"{PREFIX}_redis_node_up", "1 while a Redis node serves, 0 after a failure", labels=["node"]
+    )
+    errors = CounterMetricFamily(
+        f"{PREFIX}_redis_node_errors", "Failed calls to a Redis node", labels=["node"]
+    )
+    dropped = CounterMetricFamily(
+        f"{PREFIX}_redis_node_rejected_writes_blocks",
+        "Blocks not written to a Redis node (down or failing)",
+        labels=["node"],
+    )
+    for node, h in sorted(nodes.items()):
+        up.add_metric([node], h["up"])
+        errors.add_metric([node], h["errors"])
+        dropped.add_metric([node], h["rejected_writes"])
+    yield from (up, errors, dropped)
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

@@ -3,9 +3,11 @@
     python benchmarks/bench_tiers.py                       # all three sections, default model
     python benchmarks/bench_tiers.py --sections bandwidth  # one section
     python benchmarks/bench_tiers.py --quick               # smaller sizes (smoke run)
+    python benchmarks/bench_tiers.py --sections cluster    # Redis Cluster next to one Redis
 
 Prints a table per section and writes benchmarks/results/bench_tiers.json. Starts its own
-redis-server on a free loopback port. Disk numbers are page-cache reads (files just written).
+redis-server on a free loopback port (and, for `cluster`, a 3-master Redis Cluster). Disk numbers
+are page-cache reads (files just written).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+import redis.utils
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +34,7 @@ from engine.llm import LLM  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 from radixcache.hashing import Namespace, block_hashes  # noqa: E402
 from storage import DiskTier, RedisTier, TierConfig, TieredStore, encode_block  # noqa: E402
+from tests.redis_cluster import RedisClusterServers, running_cluster  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "bench_tiers.json"
@@ -351,6 +355,178 @@ def bench_chat(server: RedisServer, tmp: Path, users: int, turns: int, answer: i
     return rows
 
 
+# --- section 4: Redis Cluster next to one Redis ---
+class NamespaceTaggedTier(RedisTier):
+    """The other hash-tag choice, for comparison: every block of a namespace in one slot."""
+
+    def key(self, ns: Namespace, block_hash: int) -> str:
+        return f"{{{self.prefix}:{ns.hex}}}:{block_hash:016x}"
+
+
+def raw_pipelined_get(client: redis.Redis | redis.RedisCluster, keys: list[list[str]]) -> list:
+    """What a redis-py user writes: a pipeline of GETs per batch (RedisCluster's pipeline groups
+    the batch by node, writes every node, then reads)."""
+    out = []
+    for batch in keys:
+        pipe = (
+            client.pipeline(transaction=False)
+            if isinstance(client, redis.Redis)
+            else client.pipeline()
+        )
+        for k in batch:
+            pipe.get(k)
+        out.append(pipe.execute())
+    return out
+
+
+def bench_cluster_bandwidth(
+    server: RedisServer, cluster: RedisClusterServers, num_blocks: int, repeats: int
+) -> list[dict]:
+    ns = Namespace("bench-cluster-bandwidth", "bfloat16", DEFAULT_BLOCK[2])
+    hashes = block_hashes(ns, list(range(num_blocks * ns.block_size)))
+    gen = torch.Generator().manual_seed(0)
+    values = [
+        (h, encode_block(torch.randn(DEFAULT_BLOCK, generator=gen).bfloat16())) for h in hashes
+    ]
+    nbytes = sum(len(v) for _, v in values)
+    batches = [hashes[i : i + BATCH] for i in range(0, len(hashes), BATCH)]
+    setups = [
+        ("one Redis", RedisTier(server.url, prefix="bench", socket_timeout_s=30), server.client()),
+        ("cluster, per-block slots", RedisTier(cluster.url, prefix="bench", socket_timeout_s=30),
+         cluster.client()),
+        ("cluster, one slot per namespace",
+         NamespaceTaggedTier(cluster.url, prefix="bench", socket_timeout_s=30), cluster.client()),
+    ]  # fmt: skip
+    rows = []
+    for name, tier, client in setups:
+        tier.put(ns, values)
+        keys = [[tier.key(ns, h) for h in b] for b in batches]
+        store = TieredStore(TierConfig(deadline_s=600), tiers=[tier])
+        gbps = median_gbps(
+            nbytes,
+            {
+                "raw": lambda client=client, keys=keys: raw_pipelined_get(client, keys),
+                "get": lambda tier=tier: [tier.get(ns, b) for b in batches],
+                "load": lambda store=store: store.load_prefix(ns, hashes),
+            },
+            repeats,
+        )
+        reads = [h.blocks_read for h in tier.stats.nodes.values()]
+        rows.append({"setup": name, **gbps, "busiest_node_share": max(reads) / sum(reads)})
+        store.close()
+    parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "pure-Python parser"
+    table(
+        f"Redis read bandwidth, one server vs a 3-master cluster: {num_blocks} blocks of "
+        f"{len(values[0][1]):,} B ({nbytes / 1e6:.0f} MB), batches of {BATCH}, median of "
+        f"{repeats}; raw = pipelined GET with redis-py ({parser}) on the same server(s)",
+        ["setup", "raw GB/s", "tier get GB/s", "get/raw", "load_prefix GB/s", "load/raw",
+         "busiest node's share of reads"],
+        [[r["setup"], r["raw"], r["get"], r["get"] / r["raw"], r["load"], r["load"] / r["raw"],
+          r["busiest_node_share"]] for r in rows],
+    )  # fmt: skip
+    return rows
+
+
+def cluster_ttfts(llm: LLM, prompts: list[list[int]]) -> dict[str, float]:
+    """Median TTFT, median Redis read time and mean share of the prompt loaded from Redis, over
+    `prompts` (device cache emptied before each, so a prefix can only come from Redis)."""
+    store = tier_store(llm)
+    times, reads, shares = [], [], []
+    for prompt in prompts:
+        settle(llm)
+        before = store.stats().tiers["redis"].stats.load_time_s
+        t, by_tier = ttft(llm, prompt)
+        times.append(t)
+        reads.append(store.stats().tiers["redis"].stats.load_time_s - before)
+        shares.append(by_tier.get("redis", 0) / len(prompt))
+    return {
+        "ttft_s": statistics.median(times),
+        "read_s": statistics.median(reads),
+        "hit_rate": statistics.mean(shares),
+    }
+
+
+DEAD_MASTER_PROMPT = 2048  # tokens of the prompts replayed with one master dead
+
+
+def bench_cluster_loadback(
+    server: RedisServer, cluster: RedisClusterServers, sizes: list[int], prompts_per_size: int
+) -> list[dict]:
+    """Engines whose only spill tier is one Redis or the cluster (deadline raised so no load is
+    cut short): recompute vs load-back TTFT per prompt size, then one master SIGKILLed."""
+    rows = []
+    rng = random.Random(2)
+    for name, url in (("one Redis", server.url), ("cluster", cluster.url)):
+        cfg = TierConfig(redis_url=url, redis_prefix=f"bench-ttft-{name}", redis_timeout_s=10.0,
+                         deadline_s=60.0, redis_cooldown_s=3600.0)  # fmt: skip
+        llm = make_llm(cfg, num_blocks=1100)
+        vocab, max_len = llm.tokenizer.vocab_size, llm.engine.max_model_len
+        ttft(llm, random_prompt(rng, 64, vocab))  # warm-up
+        at_2048: tuple[list[list[int]], dict] | None = None
+        for size in sizes:
+            n = min(size, max_len - 1)
+            prompts = [random_prompt(rng, n, vocab) for _ in range(prompts_per_size)]
+            recompute = cluster_ttfts(llm, prompts)  # first sight: computed
+            load = cluster_ttfts(llm, prompts)  # flushed to Redis, loaded back
+            row = {"setup": name, "prompt_tokens": n, "state": "healthy",
+                   "recompute_ttft_s": recompute["ttft_s"], "load_ttft_s": load["ttft_s"],
+                   "redis_read_s": load["read_s"], "hit_rate": load["hit_rate"]}  # fmt: skip
+            rows.append(row)
+            print(f"  cluster-ttft {name} {n}: {row}", flush=True)
+            if size == DEAD_MASTER_PROMPT:
+                at_2048 = (prompts, row)
+        if name == "cluster" and at_2048 is not None:
+            rows += dead_master_rows(llm, cluster, *at_2048)
+        llm.engine.close()
+    table(
+        f"TTFT (s) from Redis vs recomputed, default model bf16, median of {prompts_per_size} "
+        "prompts per size (device cache emptied before each); hit rate = prompt share loaded "
+        "from Redis",
+        ["setup", "prompt tokens", "state", "recompute TTFT", "load TTFT", "of which Redis read",
+         "recompute/load", "hit rate"],
+        [[r["setup"], r["prompt_tokens"], r["state"], r["recompute_ttft_s"], r["load_ttft_s"],
+          r["redis_read_s"], r["recompute_ttft_s"] / r["load_ttft_s"], r["hit_rate"]]
+         for r in rows],
+    )  # fmt: skip
+    return rows
+
+
+def dead_master_rows(
+    llm: LLM, cluster: RedisClusterServers, prompts: list[list[int]], healthy: dict
+) -> list[dict]:
+    """The largest prompts again with one master SIGKILLed (its slots unserved: no replica):
+    first sight (the leading run ends at the dead node's first block; the rest is recomputed and
+    its blocks handed off to stand-ins), then again (served from the stand-ins). Recompute TTFT
+    is remeasured on fresh prompts at the same time."""
+    settle(llm)  # every block in Redis, none on the device: the crash is the only loss
+    cluster.nodes[0].kill()
+    cluster.wait_noticed_down(cluster.nodes[0])
+    vocab, n = llm.tokenizer.vocab_size, healthy["prompt_tokens"]
+    rng = random.Random(3)
+    fresh = [random_prompt(rng, n, vocab) for _ in prompts]
+    rows = []
+    for state in ("1 of 3 masters dead, first request", "1 of 3 masters dead, after hand-off"):
+        load = cluster_ttfts(llm, prompts)
+        recompute = cluster_ttfts(llm, fresh)
+        fresh = [random_prompt(rng, n, vocab) for _ in prompts]
+        rows.append(healthy | {"state": state, "recompute_ttft_s": recompute["ttft_s"],
+                               "load_ttft_s": load["ttft_s"], "redis_read_s": load["read_s"],
+                               "hit_rate": load["hit_rate"]})  # fmt: skip
+        print(f"  cluster-ttft {rows[-1]}", flush=True)
+    cluster.restart(cluster.nodes[0])
+    return rows
+
+
+def bench_cluster(server: RedisServer, tmp: Path, quick: bool) -> dict[str, list[dict]]:
+    with running_cluster(tmp / "bench-cluster") as cluster:
+        bandwidth = bench_cluster_bandwidth(
+            server, cluster, 128 if quick else 512, 3 if quick else 7
+        )
+        sizes = [512, 2048] if quick else [512, 2048, 8192]
+        ttfts = bench_cluster_loadback(server, cluster, sizes, 2 if quick else 4)
+    return {"bandwidth": bandwidth, "ttft": ttfts}
+
+
 def save(results: dict[str, object]) -> None:
     """Merges into the JSON file: the sections run now replace theirs, others are kept."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -376,6 +552,8 @@ def main() -> None:
                 elif section == "loadback":
                     sizes = [512, 2048] if quick else [512, 2048, 8192]
                     rows = bench_loadback(server, Path(tmp), sizes, 1 if quick else 2)
+                elif section == "cluster":
+                    rows = bench_cluster(server, Path(tmp), quick)
                 elif section == "chat":
                     users, turns = (6, 2) if quick else (12, 3)
                     rows = bench_chat(server, Path(tmp), users, turns, answer=8)

@@ -19,6 +19,10 @@ DiskFsync = Literal["none", "per-file"]
 class TierConfig:
     """host_bytes=0, disk_path=None and redis_url=None switch the respective tier off.
 
+    redis_url: `redis://HOST:PORT/DB` one server, `redis+cluster://HOST:PORT[,HOST:PORT...]` a
+    Redis Cluster (any seed nodes). redis_ttl_s: seconds a block lives in Redis (None: until
+    Redis's own maxmemory policy evicts it; see docs/redis-cluster.md).
+
     write-back (default): a block evicted from the device goes to the highest tier; each tier's
     evictions spill into the next one. write-through: additionally every stored block is written to
     Redis at once (replicas share it); evictions then spill host -> disk only."""
@@ -46,6 +50,8 @@ class TierConfig:
             raise ValueError(f"disk_fsync must be none or per-file, not {self.disk_fsync!r}")
         if self.host_bytes < 0 or self.disk_bytes < 0 or self.queue_blocks < 0:
             raise ValueError("byte budgets and queue size must be >= 0")
+        if self.redis_ttl_s is not None and self.redis_ttl_s <= 0:
+            raise ValueError("redis_ttl_s must be > 0 seconds, or None for no expiry")
         if self.deadline_s <= 0:
             raise ValueError("deadline_s must be > 0")
 

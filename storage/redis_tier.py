@@ -1,29 +1,53 @@
-"""RedisTier: encoded blocks in a (shared) Redis, keyed `<prefix>:<namespace hex>:<hash hex>`.
+"""RedisTier: encoded blocks in a (shared) Redis or Redis Cluster, keyed
+`<prefix>:<namespace hex>:<hash hex>`.
 
-redis-py connection pool with short socket timeouts and no retries; batch calls are one MGET or
-one non-transactional pipeline. Circuit breaker: any connection error or timeout takes the tier out
-of service for `cooldown_s` (calls return misses at once, writes are dropped and counted); the
-first call after the cool-down tries Redis again and closes the breaker if it succeeds.
+The URL picks where keys live (storage.redis_nodes): `redis://` one server, `redis+cluster://` the
+masters of a cluster. Either way a batch call is one pipeline per node involved (one MGET per hash
+slot for reads), every node's commands written before any reply is read, so a load-back of N
+blocks costs one round trip per node, the nodes working concurrently, not N.
+
+Keys carry no hash tag: each block hashes to its own slot, so a cluster's memory and traffic
+spread evenly over the masters, and a prefix every replica reads (a shared system prompt) does
+not make one node hot. The price: a long prefix touches every master, so a dead master would cut
+the leading run of found blocks at its first block. Hence the hand-off below.
+
+Faults, per node: a connection error, timeout or error reply takes that node out of service for
+`cooldown_s` (circuit breaker); its blocks in that call are misses / dropped writes, counted. While
+it is out, its blocks are read from and written to a stand-in key `<key>~<n>` on the first live
+node (n = 1, 2, ...): a block recomputed meanwhile is stored, and found again, there (values are
+content-addressed and checksummed, so any copy is as good as the original). After the cool-down the
+topology is reread (a failover may have moved its slots) and the node is tried again; stand-ins
+then expire by TTL / maxmemory. MOVED / ASK replies reread the topology and retry those keys once.
+Nothing else is retried, so no call waits longer than the socket timeout.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from redis.exceptions import AskError, MovedError
 
-from storage.base import EvictCallback, TierStats, block_key
+from storage.base import EvictCallback, block_key
 from storage.codec import CorruptBlock, verify_block
+from storage.redis_health import NodeHealth, RedisStats
+from storage.redis_nodes import (
+    FAILURES,
+    Command,
+    RedisNodes,
+    Routes,
+    open_nodes,
+    send_and_read,
+)
 
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
 
-T = TypeVar("T")
-_FAILURES = (redis.RedisError, OSError)
+__all__ = ["NodeHealth", "RedisStats", "RedisTier"]
+
+_MISSING = object()  # a key whose node was down or failed: a miss, a dropped write
+HANDOFF_TRIES = 8  # stand-in keys tried for a block whose node is down
 
 
 class RedisTier:
@@ -45,96 +69,232 @@ class RedisTier:
         self.ttl_s = ttl_s
         self.cooldown_s = cooldown_s
         self.on_evict: EvictCallback | None = None  # Redis expires by TTL / its own maxmemory
-        self.stats = TierStats()
-        self.open_until = float("-inf")  # breaker open (tier skipped) while clock() < open_until
+        self.stats = RedisStats()
+        self.open_until = float("-inf")  # whole tier skipped: the topology could not be read
         self._clock = clock
-        self._pool = redis.ConnectionPool.from_url(
-            url,
-            socket_timeout=socket_timeout_s,
-            socket_connect_timeout=socket_timeout_s,
-            max_connections=max_connections,
-            retry=Retry(NoBackoff(), 0),
+        self._nodes: RedisNodes = open_nodes(
+            url, timeout_s=socket_timeout_s, max_connections=max_connections
         )
-        self._client = redis.Redis(connection_pool=self._pool)
+        self._refresh_due = False  # a node failed: reread the topology before trying it again
+        self._track(self._nodes.names())
 
     def available(self) -> bool:
-        return self._clock() >= self.open_until
+        """False while the tier or every node it knows cools down after a failure."""
+        now = self._clock()
+        nodes = list(self.stats.nodes.values())
+        in_service = not nodes or any(self._in_service(h, now) for h in nodes)
+        return now >= self.open_until and in_service
 
     def key(self, ns: Namespace, block_hash: int) -> str:
         return f"{self.prefix}:{block_key(ns, block_hash)}"
 
     # --- Tier interface ---
     def contains(self, ns: Namespace, hashes: list[int]) -> list[bool]:
-        if not hashes:
-            return []
-
-        def run() -> list[bool]:
-            pipe = self._client.pipeline(transaction=False)
-            for h in hashes:
-                pipe.exists(self.key(ns, h))
-            return [bool(n) for n in pipe.execute()]
-
-        return self._guarded(run, [False] * len(hashes))
+        keys = [self.key(ns, h) for h in hashes]
+        replies = self._fan_out(keys, lambda ks, _: ("EXISTS", ks[0]), grouped=False, write=False)
+        return [r is not _MISSING and bool(r) for r in replies]
 
     def get(self, ns: Namespace, hashes: list[int]) -> list[bytes | None]:
-        if not hashes:
-            return []
-        values = self._guarded(lambda: self._client.mget([self.key(ns, h) for h in hashes]), None)
-        if values is None:
-            return [None] * len(hashes)
+        keys = [self.key(ns, h) for h in hashes]
+        replies = self._fan_out(keys, lambda ks, _: ("MGET", *ks), grouped=True, write=False)
         out: list[bytes | None] = []
         bad = []
-        for h, value in zip(hashes, values, strict=True):
-            if value is not None:
-                self.stats.bytes_read += len(value)
-                try:
-                    verify_block(value)
-                except CorruptBlock:
-                    self.stats.corrupt += 1
-                    bad.append(h)
-                    value = None
+        for h, value in zip(hashes, replies, strict=True):
+            if value is _MISSING or value is None:
+                out.append(None)
+                continue
+            self.stats.bytes_read += len(value)
+            try:
+                verify_block(value)
+            except CorruptBlock:
+                self.stats.corrupt += 1
+                bad.append(h)
+                value = None
             out.append(value)
         if bad:
             self.delete(ns, bad)
         return out
 
     def put(self, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
-        if not items:
-            return
-
-        def run() -> bool:
-            pipe = self._client.pipeline(transaction=False)
-            for h, value in items:
-                pipe.set(self.key(ns, h), value, ex=self.ttl_s)
-            pipe.execute()
-            return True
-
-        if self._guarded(run, False):
-            self.stats.bytes_written += sum(len(v) for _, v in items)
-            self.stats.blocks_written += len(items)
-        else:
-            self.stats.rejected_writes += len(items)
+        keys = [self.key(ns, h) for h, _ in items]
+        values = [v for _, v in items]
+        expiry = () if self.ttl_s is None else ("EX", self.ttl_s)
+        replies = self._fan_out(
+            keys, lambda ks, ix: ("SET", ks[0], values[ix[0]], *expiry), grouped=False, write=True
+        )
+        for value, reply in zip(values, replies, strict=True):
+            if reply is _MISSING:
+                self.stats.rejected_writes += 1
+            else:
+                self.stats.bytes_written += len(value)
+                self.stats.blocks_written += 1
 
     def delete(self, ns: Namespace, hashes: list[int]) -> None:
-        if hashes:
-            self._guarded(lambda: self._client.delete(*[self.key(ns, h) for h in hashes]), 0)
+        keys = [self.key(ns, h) for h in hashes]
+        self._fan_out(keys, lambda ks, _: ("DEL", ks[0]), grouped=False, write=False)
 
     def used_bytes(self) -> int:
         return 0  # Redis manages its own memory (maxmemory / TTL)
 
     def close(self) -> None:
-        self._pool.disconnect()
+        self._nodes.close()
 
-    # --- circuit breaker ---
-    def _guarded(self, call: Callable[[], T], default: T) -> T:
-        if not self.available():
+    # --- one pipeline per node ---
+    def _fan_out(self, keys: list[str], command: Command, *, grouped: bool, write: bool) -> list:
+        """Each key's reply (an MGET group's replies spread over its keys), or _MISSING where the
+        key's node failed (or was down and no stand-in node was found)."""
+        out: list[Any] = [_MISSING] * len(keys)
+        sent = list(keys)  # the key sent for each block: its own, or a stand-in (hand-off)
+        pending = list(range(len(keys)))
+        failed: dict[str, list[int]] = {}
+        for attempt in range(2):  # again for keys redirected (MOVED / ASK) or of a failed node
+            routes = self._routes(sent, pending, write, failed) if pending else {}
+            if not grouped:  # one command per key
+                routes = {node: [[i] for g in groups for i in g] for node, groups in routes.items()}
+            if not routes:
+                break
+            replies = send_and_read(self._nodes, routes, sent, command)
+            redirected, failed = self._collect(routes, replies, out, grouped=grouped, write=write)
+            pending = redirected + [i for ix in failed.values() for i in ix]
+            if not pending or attempt or (redirected and not self._refresh()):
+                break
+        return out
+
+    def _collect(
+        self, routes: Routes, replies: dict, out: list, *, grouped: bool, write: bool
+    ) -> tuple[list[int], dict[str, list[int]]]:
+        """Spreads each node's replies over `out`, counts per node; returns the redirected key
+        indices and the key indices of each node that failed."""
+        redirected: list[int] = []
+        failed_nodes: dict[str, list[int]] = {}
+        for node, groups in routes.items():
+            health, reply = self._health(node), replies[node]
+            if isinstance(reply, BaseException):
+                reply = [reply] * len(groups)
+            failed: list[int] = []  # keys of this node whose command failed
+            for group, result in zip(groups, reply, strict=True):
+                if isinstance(result, (MovedError, AskError)):
+                    health.redirects += 1
+                    redirected += group
+                elif isinstance(result, BaseException):
+                    failed += group
+                else:
+                    for i, value in zip(group, result if grouped else [result], strict=True):
+                        out[i] = value
+                    health.blocks_written += len(group) if write else 0
+                    health.blocks_read += sum(v is not None for v in result) if grouped else 0
+            if failed:
+                self._node_failed(health)
+                health.rejected_writes += len(failed) if write else 0
+                failed_nodes[node] = failed
+            else:
+                health.up = True
+        return redirected, failed_nodes
+
+    def _routes(
+        self, sent: list[str], indices: list[int], write: bool, failed: dict[str, list[int]]
+    ) -> Routes:
+        """Slot groups per node in service for the keys `indices`; keys of nodes cooling down,
+        or `failed` earlier in this call, are handed off to stand-ins. {} if the topology could
+        not be read."""
+        now = self._clock()
+        if now < self.open_until:
             self.stats.skipped_calls += 1
-            return default
+            return {}
+        half_open = any(self._half_open(h, now) for h in list(self.stats.nodes.values()))
+        if self._refresh_due and half_open and not failed and not self._refresh():
+            return {}  # half-open: reread first, a failover may have moved the node's slots
         try:
-            return call()
-        except _FAILURES:
-            self.stats.errors += 1
+            routes = self._route(sent, indices)
+        except FAILURES:
+            self._tier_failed()
+            return {}
+        out = set(failed) | {n for n in routes if not self._in_service(self._health(n), now)}
+        skipped = False
+        for node in out & set(routes):
+            health = self._health(node)
+            keys = [i for g in routes.pop(node) for i in g]
+            if node not in failed:  # (a failed node's keys were counted when it failed)
+                skipped = True
+                health.skipped_calls += 1
+                health.rejected_writes += len(keys) if write else 0
+            handed = self._hand_off(sent, keys, routes, now, out)
+            health.handed_off += handed if write else 0
+        self.stats.skipped_calls += skipped
+        return routes
+
+    def _route(self, sent: list[str], indices: list[int]) -> Routes:
+        local = self._nodes.route([sent[i] for i in indices])
+        self._track(local)
+        return {node: [[indices[j] for j in g] for g in groups] for node, groups in local.items()}
+
+    def _hand_off(
+        self, sent: list[str], indices: list[int], routes: Routes, now: float, out: set[str]
+    ) -> int:
+        """Points each key at the first stand-in `<key>~<n>` on a node in service and not in
+        `out` (one group each, added to `routes`); how many found one."""
+        live = {n for n, h in list(self.stats.nodes.items()) if self._in_service(h, now)} - out
+        if not live:
+            return 0
+        found = 0
+        for i in indices:
+            for n in range(1, HANDOFF_TRIES + 1):
+                stand_in = f"{sent[i]}~{n}"
+                try:
+                    (node,) = self._nodes.route([stand_in])
+                except FAILURES:
+                    break
+                health = self.stats.nodes.get(node)
+                if node in live or (health is None and node not in out):  # unknown: untried
+                    self._track([node])
+                    sent[i] = stand_in
+                    routes.setdefault(node, []).append([i])
+                    found += 1
+                    break
+        return found
+
+    # --- circuit breakers and topology ---
+    @staticmethod
+    def _in_service(health: NodeHealth, now: float) -> bool:
+        return health.up or now >= health.open_until
+
+    @staticmethod
+    def _half_open(health: NodeHealth, now: float) -> bool:
+        return not health.up and now >= health.open_until
+
+    def _health(self, node: str) -> NodeHealth:
+        return self.stats.nodes.setdefault(node, NodeHealth())
+
+    def _track(self, nodes: object) -> None:
+        for node in nodes:  # names, or the keys of a routes dict
+            self._health(node)
+
+    def _node_failed(self, health: NodeHealth) -> None:
+        self.stats.errors += 1
+        health.errors += 1
+        if health.up or self._clock() >= health.open_until:
             self.stats.breaker_opens += 1
-            self.open_until = self._clock() + self.cooldown_s
-            self._pool.disconnect()
-            return default
+            health.breaker_opens += 1
+        health.up = False
+        health.open_until = self._clock() + self.cooldown_s
+        self._refresh_due = True
+
+    def _tier_failed(self) -> None:
+        self.stats.errors += 1
+        self.stats.breaker_opens += 1
+        self.open_until = self._clock() + self.cooldown_s
+
+    def _refresh(self) -> bool:
+        self._refresh_due = False
+        self.stats.topology_refreshes += 1
+        try:
+            self._nodes.refresh()
+        except FAILURES:
+            self._tier_failed()
+            return False
+        names = self._nodes.names()
+        self._track(names)
+        for gone, health in list(self.stats.nodes.items()):
+            if gone not in names and not health.up:  # failed over: slots served elsewhere
+                self.stats.nodes.pop(gone, None)
+        return True

@@ -45,6 +45,8 @@ def test_breaker_opens_on_kill_answers_fast_and_recovers(
     redis_server.kill()
     assert tier.get(ns, hashes[:4]) == [None] * 4  # the failing call: a miss, not an exception
     assert tier.stats.errors == 1 and tier.stats.breaker_opens == 1 and not tier.available()
+    node = tier.stats.snapshot()["nodes"][f"127.0.0.1:{redis_server.port}"]  # the one server
+    assert node["up"] == 0 and node["errors"] == 1
     start = time.perf_counter()
     for _ in range(100):
         assert tier.contains(ns, hashes) == [False] * 8
@@ -61,7 +63,7 @@ def test_breaker_opens_on_kill_answers_fast_and_recovers(
     tier.put(ns, encoded(hashes[4:]))  # half-open: tried, succeeds, breaker closed
     assert tier.available()
     assert tier.contains(ns, hashes) == [False] * 4 + [True] * 4
-    assert tier.stats.errors == 1
+    assert tier.stats.errors == 1 and tier.stats.snapshot()["nodes_up"] == 1
 
 
 def test_unreachable_at_start_is_a_miss(ns: Namespace) -> None:
