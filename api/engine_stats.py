@@ -64,7 +64,8 @@ class EngineCounters:
     device: CacheStats
     running: int = 0
     waiting: int = 0
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # all prompt tokens, cached or computed
+    prefill_tokens: int = 0  # prompt tokens computed (recomputes after preemption included)
     generation_tokens: int = 0
     occupancy: dict[str, TierOccupancy] = field(default_factory=dict)
 
@@ -104,6 +105,7 @@ def read_counters(snap: EngineSnapshot, output_tokens: int) -> EngineCounters:
         running=snap.running,
         waiting=snap.waiting,
         prompt_tokens=totals.prefill_tokens + totals.cached_tokens,
+        prefill_tokens=totals.prefill_tokens,
         generation_tokens=totals.decode_tokens,
         occupancy=occupancy,
     )
