@@ -11,8 +11,9 @@ from api.server_counters import ServerCounters
 from api.stats_history import Sample
 
 
-def _rate(hit: float, total: float) -> float:
-    return round(hit / total, 6) if total else 0.0
+def _rate(hit: float, total: float) -> float | None:
+    """None for an interval without lookups: it has no hit rate (a plot leaves a gap)."""
+    return round(hit / total, 6) if total else None
 
 
 def _round(x: float | None) -> float | None:

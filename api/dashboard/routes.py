@@ -10,7 +10,14 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
 from api.auth import identify
-from api.dashboard.view import hottest, owned_salts, prefix_row, sizing_advice, tenant_rows
+from api.dashboard.view import (
+    device_hit_rate,
+    hottest,
+    owned_salts,
+    prefix_row,
+    sizing_advice,
+    tenant_rows,
+)
 from api.package_assets import PackageAssets
 from api.state import state_of
 
@@ -55,5 +62,5 @@ async def data(request: Request, limit: int = Query(20, ge=1, le=200)) -> dict[s
         "model": state.model_name,
         "tenants": tenant_rows(total, window, caller),
         "prefixes": [prefix_row(tok, i, caller) for i in hottest(infos, limit)],
-        "sizing_advice": sizing_advice(counters.device.miss_ratio_curve),
+        "sizing_advice": sizing_advice(counters.device.miss_ratio_curve, device_hit_rate(total)),
     }

@@ -12,6 +12,7 @@ from api.engine_stats import CacheCounters
 from radixcache.stats import MissRatioPoint, PrefixInfo
 
 NO_TENANT = "(no tenant)"
+MAX_CURVE_ERROR = 0.2  # |curve at 1x - measured device hit rate| beyond which we do not advise
 
 
 def tenant_of_salt(salt: str) -> str:
@@ -35,7 +36,7 @@ def _rate(hit: int, total: int) -> float:
 
 def tenant_rows(total: CacheCounters, window: CacheCounters, caller: Caller) -> list[dict]:
     """Token-weighted hit rates per tenant (since start and over the window), of the namespaces
-    the caller owns (the admin: all)."""
+    the caller owns (the admin: all). The engine counts namespaces' hits in the device pool only."""
     tallies: dict[str, _Tally] = {}
     for key, ns in total.namespaces.items():
         if not caller.owns_salt(ns.cache_salt):
@@ -59,6 +60,11 @@ def tenant_rows(total: CacheCounters, window: CacheCounters, caller: Caller) -> 
     ]
 
 
+def device_hit_rate(total: CacheCounters) -> float | None:
+    device = total.hit_tokens_by_tier.get("device", 0)
+    return device / total.query_tokens if total.query_tokens else None
+
+
 def owned_salts(total: CacheCounters, caller: Caller) -> list[str]:
     return sorted(
         {ns.cache_salt for ns in total.namespaces.values() if caller.owns_salt(ns.cache_salt)}
@@ -78,7 +84,9 @@ def prefix_row(tok: Any, info: PrefixInfo, caller: Caller) -> dict[str, Any]:
         "hits": info.hits,
         "tokens_saved": info.tokens_saved,
         "pinned": info.pinned,
-        "last_used": datetime.fromtimestamp(info.last_used, UTC).isoformat(),
+        "last_used": (
+            datetime.fromtimestamp(info.last_used, UTC).isoformat() if info.last_used > 0 else None
+        ),
     }
     if caller.is_admin:  # what /v1/cache/pin needs; pins the preview's tokens
         row["cache_salt"] = info.namespace.cache_salt
@@ -91,11 +99,19 @@ def _at(curve: list[MissRatioPoint], ratio: float) -> MissRatioPoint | None:
     return next((p for p in curve if abs(p.size_ratio - ratio) < 1e-9), None)
 
 
-def sizing_advice(curve: list[MissRatioPoint]) -> str:
-    """One line: what doubling (or halving) the device pool would do to the hit rate."""
+def sizing_advice(curve: list[MissRatioPoint], measured: float | None = None) -> str:
+    """One line: what doubling (or halving) the device pool would do to the hit rate.
+
+    `measured`: the device pool's own hit rate; a curve far from it at 1x has sampled too few
+    lookups to advise on (it samples one block in 256 at 16 tokens a block)."""
     now, double, half = _at(curve, 1.0), _at(curve, 2.0), _at(curve, 0.5)
     if now is None or double is None:
         return "No miss-ratio curve yet: it needs cache lookups (or sampling is off)."
+    if measured is not None and abs(now.hit_rate - measured) > MAX_CURVE_ERROR:
+        return (
+            f"Too few sampled lookups for sizing advice yet: the curve estimates "
+            f"{now.hit_rate:.2f} at this size, the pool measured {measured:.2f}."
+        )
     gain = double.hit_rate - now.hit_rate
     if gain >= 0.01:
         return (

@@ -51,18 +51,19 @@ function draw(id, traces, extraLayout) {
 }
 
 function drawHitRate(points, x) {
+  // bars on the base axis, rates on the overlaying one: plotly draws the overlay on top
   const traces = [
-    { name: "tokens saved", type: "bar", x, y: points.map((p) => p.tokens_saved), yaxis: "y2", marker: { color: "#9fd8a4" } },
-    { name: "tokens computed", type: "bar", x, y: points.map((p) => p.tokens_computed), yaxis: "y2", marker: { color: "#f4b7a6" } },
-    { name: "hit rate", mode: "lines+markers", x, y: points.map((p) => p.hit_rate), line: { width: 3, color: "#1d2433" } },
+    { name: "tokens saved", type: "bar", x, y: points.map((p) => p.tokens_saved), marker: { color: "#9fd8a4" } },
+    { name: "tokens computed", type: "bar", x, y: points.map((p) => p.tokens_computed), marker: { color: "#f4b7a6" } },
+    { name: "hit rate", mode: "lines+markers", x, y: points.map((p) => p.hit_rate), yaxis: "y2", line: { width: 3, color: "#1d2433" } },
   ];
   tiersOf(points, "hit_rate_by_tier").forEach((tier) => {
-    traces.push({ name: tier, mode: "lines", x, y: points.map((p) => (p.hit_rate_by_tier || {})[tier] ?? 0) });
+    traces.push({ name: tier, mode: "lines+markers", x, y: points.map((p) => (p.hit_rate_by_tier || {})[tier] ?? null), yaxis: "y2" });
   });
   draw("hit-rate", traces, {
     barmode: "stack",
-    yaxis: { title: "hit rate", range: [0, 1] },
-    yaxis2: { title: "prompt tokens", overlaying: "y", side: "right", showgrid: false },
+    yaxis: { title: "prompt tokens", side: "right", rangemode: "tozero" },
+    yaxis2: { title: "hit rate", overlaying: "y", side: "left", range: [0, 1], tickmode: "linear", tick0: 0, dtick: 0.2 },
   });
 }
 
@@ -149,7 +150,7 @@ function drawPrefixes(prefixes, isAdmin) {
     cell(row, String(p.hits), "num");
     cell(row, String(p.tokens_saved), "num");
     cell(row, p.pinned ? "yes" : "no", "pinned");
-    cell(row, new Date(p.last_used).toLocaleTimeString());
+    cell(row, p.last_used ? new Date(p.last_used).toLocaleTimeString() : "-");
     const actions = row.insertCell();
     if (isAdmin) {
       const button = document.createElement("button");
