@@ -55,7 +55,8 @@ class TierOccupancy:
     used_blocks: int | None = None  # device: blocks held; spill tiers count bytes
     capacity_blocks: int | None = None
     used_bytes: int | None = None
-    capacity_bytes: int | None = None
+    capacity_bytes: int | None = None  # None on a spill tier: no budget of ours (Redis)
+    block_bytes: int | None = None  # a spill tier's stored block, as measured by its writes
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,11 @@ def read_counters(snap: EngineSnapshot, output_tokens: int) -> EngineCounters:
     if snap.tiers is not None:
         for name, tier in snap.tiers.tiers.items():
             evictions[name] = tier.stats.evictions
+            written = tier.stats.blocks_written
             occupancy[name] = TierOccupancy(
-                used_bytes=tier.used_bytes, capacity_bytes=tier.capacity_bytes
+                used_bytes=tier.used_bytes,
+                capacity_bytes=tier.capacity_bytes,
+                block_bytes=tier.stats.bytes_written // written if written else None,
             )
             by_tier.setdefault(name, 0)
     namespaces = {

@@ -16,6 +16,7 @@ from api.dashboard.view import (
     owned_salts,
     prefix_row,
     sizing_advice,
+    spill_estimate,
     tenant_rows,
 )
 from api.package_assets import PackageAssets
@@ -57,10 +58,12 @@ async def data(request: Request, limit: int = Query(20, ge=1, le=200)) -> dict[s
         for salt in owned_salts(total, caller):
             infos += await asyncio.to_thread(engine.hottest_prefixes, limit, salt)
     tok = engine.tokenizer
+    curve, measured = counters.device.miss_ratio_curve, device_hit_rate(total)
     return {
         "caller": {"tenant": caller.tenant, "is_admin": caller.is_admin},
         "model": state.model_name,
         "tenants": tenant_rows(total, window, caller),
         "prefixes": [prefix_row(tok, i, caller) for i in hottest(infos, limit)],
-        "sizing_advice": sizing_advice(counters.device.miss_ratio_curve, device_hit_rate(total)),
+        "sizing_advice": sizing_advice(curve, measured),
+        "spill_estimate": spill_estimate(curve, counters.occupancy, measured),
     }

@@ -3,12 +3,13 @@ caller may see, and a one-line sizing advice read off the miss-ratio curve."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from api.auth import TENANT_PREFIX, Caller
-from api.engine_stats import CacheCounters
+from api.engine_stats import CacheCounters, TierOccupancy
 from radixcache.stats import MissRatioPoint, PrefixInfo
 
 NO_TENANT = "(no tenant)"
@@ -99,6 +100,11 @@ def _at(curve: list[MissRatioPoint], ratio: float) -> MissRatioPoint | None:
     return next((p for p in curve if abs(p.size_ratio - ratio) < 1e-9), None)
 
 
+def _trusted(curve: list[MissRatioPoint], measured: float | None) -> bool:
+    now = _at(curve, 1.0)
+    return measured is None or now is None or abs(now.hit_rate - measured) <= MAX_CURVE_ERROR
+
+
 def sizing_advice(curve: list[MissRatioPoint], measured: float | None = None) -> str:
     """One line: what doubling (or halving) the device pool would do to the hit rate.
 
@@ -107,7 +113,7 @@ def sizing_advice(curve: list[MissRatioPoint], measured: float | None = None) ->
     now, double, half = _at(curve, 1.0), _at(curve, 2.0), _at(curve, 0.5)
     if now is None or double is None:
         return "No miss-ratio curve yet: it needs cache lookups (or sampling is off)."
-    if measured is not None and abs(now.hit_rate - measured) > MAX_CURVE_ERROR:
+    if not _trusted(curve, measured):
         return (
             f"Too few sampled lookups for sizing advice yet: the curve estimates "
             f"{now.hit_rate:.2f} at this size, the pool measured {measured:.2f}."
@@ -127,3 +133,57 @@ def sizing_advice(curve: list[MissRatioPoint], measured: float | None = None) ->
         f"The pool is large enough: doubling it would change the hit rate by less than 0.01 "
         f"(now {now.hit_rate:.2f})."
     )
+
+
+def _interpolate(curve: list[MissRatioPoint], ratio: float) -> float:
+    """The curve's hit rate at `ratio` (linear in log size between its points)."""
+    below = max((p for p in curve if p.size_ratio <= ratio), key=lambda p: p.size_ratio)
+    above = min((p for p in curve if p.size_ratio >= ratio), key=lambda p: p.size_ratio)
+    if above.size_ratio == below.size_ratio:
+        return below.hit_rate
+    t = math.log(ratio / below.size_ratio) / math.log(above.size_ratio / below.size_ratio)
+    return below.hit_rate + t * (above.hit_rate - below.hit_rate)
+
+
+def spill_estimate(
+    curve: list[MissRatioPoint],
+    occupancy: dict[str, TierOccupancy],
+    measured: float | None = None,
+) -> dict[str, Any] | None:
+    """The hit rate the curve estimates for the device pool plus the spill tiers' budgets (the
+    tiers take what the pool evicts, so together they behave about like one larger LRU cache)."""
+    device = occupancy.get("device")
+    spill = {t: o for t, o in occupancy.items() if t != "device"}
+    if not curve or device is None or not device.capacity_blocks or not spill:
+        return None
+    if not _trusted(curve, measured):
+        return {"line": "No estimate across the spill tiers until the curve has more samples."}
+    blocks: dict[str, int] = {}
+    for tier, occ in sorted(spill.items()):
+        if occ.capacity_bytes is None:
+            return {"line": f"The {tier} tier has no budget of ours: no estimate across tiers."}
+        if not occ.block_bytes:
+            return {"line": "The spill tiers have stored no block yet: no estimate across tiers."}
+        blocks[tier] = occ.capacity_bytes // occ.block_bytes
+    total = device.capacity_blocks + sum(blocks.values())
+    ratio = total / device.capacity_blocks
+    parts = ", ".join(f"{t} {n} blocks" for t, n in blocks.items())
+    largest = max(curve, key=lambda p: p.size_ratio)
+    if ratio > largest.size_ratio:
+        return {
+            "size_ratio": largest.size_ratio,
+            "hit_rate": largest.hit_rate,
+            "line": (
+                f"With the spill tiers ({parts}) the cache holds {ratio:.1f}x the pool, beyond "
+                f"the curve: at least {largest.hit_rate:.2f} (its {largest.size_ratio:g}x estimate)."
+            ),
+        }
+    rate = _interpolate(curve, ratio)
+    return {
+        "size_ratio": round(ratio, 4),
+        "hit_rate": round(rate, 6),
+        "line": (
+            f"With the spill tiers ({parts}) the cache holds {ratio:.1f}x the pool: "
+            f"estimated hit rate {rate:.2f}."
+        ),
+    }

@@ -17,8 +17,8 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from api.config import ApiConfig
-from api.dashboard.view import sizing_advice, tenant_of_salt
-from api.engine_stats import CacheCounters
+from api.dashboard.view import sizing_advice, spill_estimate, tenant_of_salt
+from api.engine_stats import CacheCounters, TierOccupancy
 from api.stats_history import StatsHistory
 from radixcache.stats import MissRatioPoint
 from storage.config import TierConfig
@@ -169,7 +169,7 @@ def test_admin_sees_every_panel_with_the_stats_numbers(open_dashboard, dash_serv
     assert {"device occupancy", "host occupancy", "device evictions"} <= set(tiers)
     assert max(v or 0 for v in tiers["host occupancy"]["y"]) > 0
     assert sum(tiers["device evictions"]["y"]) > 0
-    curve = dash.traces("mrc")[0]
+    curve = next(t for t in dash.traces("mrc") if t["name"] == "estimated hit rate")
     assert [float(x) for x in curve["x"]] == [p["size_ratio"] for p in stats["miss_ratio_curve"]]
     assert curve["y"] == [p["hit_rate"] for p in stats["miss_ratio_curve"]]
     advice = page.locator("#advice").inner_text()
@@ -315,3 +315,24 @@ def test_tenant_of_salt() -> None:
     assert tenant_of_salt("tenant:alice") == "alice"
     assert tenant_of_salt("tenant:alice|chat-7") == "alice"
     assert tenant_of_salt("") == tenant_of_salt("my-salt") == "(no tenant)"
+
+
+def test_spill_estimate_reads_the_curve_at_the_tiers_size() -> None:
+    curve = _curve(0.3, 0.5, 0.6, 0.7, 0.8, 0.9)
+    device = TierOccupancy(used_blocks=10, capacity_blocks=1000)
+    host = TierOccupancy(used_bytes=0, capacity_bytes=1000 * 4096, block_bytes=4096)
+    within = spill_estimate(curve, {"device": device, "host": host})
+    assert within["size_ratio"] == 2.0 and within["hit_rate"] == 0.7
+    assert "host 1000 blocks" in within["line"] and "2.0x" in within["line"]
+    mid = spill_estimate(curve, {"device": device, "host": TierOccupancy(0, None, 0, 2**21, 2**11)})
+    assert mid["size_ratio"] == 2.024 and 0.7 < mid["hit_rate"] < 0.8  # log-interpolated
+    disk = TierOccupancy(used_bytes=0, capacity_bytes=100_000 * 4096, block_bytes=4096)
+    beyond = spill_estimate(curve, {"device": device, "disk": disk})
+    assert beyond["hit_rate"] == 0.9 and "beyond the curve" in beyond["line"]
+    redis = TierOccupancy(used_bytes=5, capacity_bytes=None, block_bytes=4096)
+    assert "no budget" in spill_estimate(curve, {"device": device, "redis": redis})["line"]
+    unwritten = TierOccupancy(used_bytes=0, capacity_bytes=4096)
+    assert "no block yet" in spill_estimate(curve, {"device": device, "host": unwritten})["line"]
+    assert spill_estimate(curve, {"device": device}) is None
+    far_off = spill_estimate(curve, {"device": device, "host": host}, measured=0.1)
+    assert "more samples" in far_off["line"] and "hit_rate" not in far_off

@@ -99,19 +99,23 @@ function drawTiers(points, x) {
   });
 }
 
-function drawCurve(stats, advice) {
+function drawCurve(stats, advice, spill) {
   const curve = stats.miss_ratio_curve || [];
   const now = curve.filter((p) => p.size_ratio === 1);
+  const withTiers = spill && spill.size_ratio ? [spill] : [];
   draw("mrc", [
     { name: "estimated hit rate", mode: "lines+markers", x: curve.map((p) => p.size_ratio), y: curve.map((p) => p.hit_rate),
       text: curve.map((p) => p.size_blocks + " blocks"), hovertemplate: "%{x}x (%{text}): %{y:.3f}<extra></extra>" },
     { name: "this pool", mode: "markers", x: now.map((p) => p.size_ratio), y: now.map((p) => p.hit_rate),
       marker: { size: 12, color: "#d62728" } },
+    { name: "device + spill tiers", mode: "markers", x: withTiers.map((p) => p.size_ratio), y: withTiers.map((p) => p.hit_rate),
+      marker: { size: 12, symbol: "diamond", color: "#9467bd" } },
   ], {
     xaxis: { title: "pool size / current", type: "log", tickvals: curve.map((p) => p.size_ratio) },
     yaxis: { title: "hit rate", range: [0, 1] },
   });
   document.getElementById("advice").textContent = advice;
+  document.getElementById("spill-advice").textContent = spill ? spill.line : "";
 }
 
 function drawTenants(tenants) {
@@ -203,7 +207,7 @@ async function refresh() {
     drawLatency(points, x);
     drawRequests(points, x);
     drawTiers(points, x);
-    drawCurve(stats, data.sizing_advice);
+    drawCurve(stats, data.sizing_advice, data.spill_estimate);
     drawTenants(data.tenants);
     drawPrefixes(data.prefixes, data.caller.is_admin);
     document.getElementById("error").hidden = true;
