@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
-from pydantic import Field
+from pydantic import Field, RootModel
 
 from api.auth import identify
 from api.errors import ApiError, parse_body
@@ -36,9 +36,13 @@ class TokenizeChatRequest(_Request):
     chat_template: str | None = None
 
 
+class TokenizeRequest(RootModel[TokenizeCompletionRequest | TokenizeChatRequest]):
+    """The /tokenize body as the OpenAPI document states it (the route picks the variant)."""
+
+
 class DetokenizeRequest(_Request):
     model: str | None = None
-    tokens: list[int] = Field(max_length=1 << 20)
+    tokens: list[Annotated[int, Field(ge=0)]] = Field(max_length=1 << 20)
 
 
 def _chat_text(tok: Any, req: TokenizeChatRequest) -> str:
