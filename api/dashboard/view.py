@@ -66,10 +66,13 @@ def device_hit_rate(total: CacheCounters) -> float | None:
     return device / total.query_tokens if total.query_tokens else None
 
 
-def owned_salts(total: CacheCounters, caller: Caller) -> list[str]:
-    return sorted(
-        {ns.cache_salt for ns in total.namespaces.values() if caller.owns_salt(ns.cache_salt)}
-    )
+def owned_salts(total: CacheCounters, caller: Caller, most: int = 16) -> list[str]:
+    """The caller's busiest cache salts (one engine walk each: a tenant's many salts stay cheap)."""
+    queried: dict[str, int] = {}
+    for ns in total.namespaces.values():
+        if caller.owns_salt(ns.cache_salt):
+            queried[ns.cache_salt] = queried.get(ns.cache_salt, 0) + ns.query_tokens
+    return sorted(queried, key=lambda salt: (-queried[salt], salt))[:most]
 
 
 def hottest(rows: list[PrefixInfo], limit: int) -> list[PrefixInfo]:

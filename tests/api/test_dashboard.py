@@ -16,9 +16,10 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from api.auth import Caller
 from api.config import ApiConfig
-from api.dashboard.view import sizing_advice, spill_estimate, tenant_of_salt
-from api.engine_stats import CacheCounters, TierOccupancy
+from api.dashboard.view import owned_salts, sizing_advice, spill_estimate, tenant_of_salt
+from api.engine_stats import CacheCounters, NamespaceCounters, TierOccupancy
 from api.stats_history import StatsHistory
 from radixcache.stats import MissRatioPoint
 from storage.config import TierConfig
@@ -336,3 +337,12 @@ def test_spill_estimate_reads_the_curve_at_the_tiers_size() -> None:
     assert spill_estimate(curve, {"device": device}) is None
     far_off = spill_estimate(curve, {"device": device, "host": host}, measured=0.1)
     assert "more samples" in far_off["line"] and "hit_rate" not in far_off
+
+
+def test_owned_salts_are_the_callers_busiest() -> None:
+    spaces = {f"ns{i}": NamespaceCounters(f"tenant:alice|{i}", query_tokens=i) for i in range(40)}
+    spaces["bob"] = NamespaceCounters("tenant:bob", query_tokens=10**6)
+    total = CacheCounters(namespaces=spaces)
+    alice = owned_salts(total, Caller(tenant="alice", is_admin=False), most=3)
+    assert alice == ["tenant:alice|39", "tenant:alice|38", "tenant:alice|37"]
+    assert owned_salts(total, Caller(tenant="bob", is_admin=False)) == ["tenant:bob"]
