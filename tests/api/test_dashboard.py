@@ -115,8 +115,13 @@ class Dashboard:
         self.context = browser.new_context(viewport={"width": 1400, "height": 1100})
         self.page: Page = self.context.new_page()
         self.errors: list[str] = []
+        self.outside: list[str] = []  # requests to anywhere but this server (no CDN)
         self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on(
+            "request",
+            lambda r: r.url.startswith((url, "data:")) or self.outside.append(r.url),
+        )
         self.page.goto(f"{url}/dashboard#key={key}")
         self.wait_ready()
 
@@ -186,7 +191,7 @@ def test_admin_sees_every_panel_with_the_stats_numbers(open_dashboard, dash_serv
     assert "ALICE-SECRET-PROMPT" in table and "BOB-SECRET-PROMPT" in table
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
-    assert dash.errors == []
+    assert dash.errors == [] and dash.outside == []
 
 
 def test_tenant_sees_only_its_own_prefixes(open_dashboard) -> None:
@@ -346,3 +351,18 @@ def test_owned_salts_are_the_callers_busiest() -> None:
     alice = owned_salts(total, Caller(tenant="alice", is_admin=False), most=3)
     assert alice == ["tenant:alice|39", "tenant:alice|38", "tenant:alice|37"]
     assert owned_salts(total, Caller(tenant="bob", is_admin=False)) == ["tenant:bob"]
+
+
+def test_docs_render_in_the_browser(browser: Browser, dash_server: Server) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    outside: list[str] = []
+    page.on("request", lambda r: r.url.startswith(dash_server.url) or outside.append(r.url))
+    page.goto(f"{dash_server.url}/docs")
+    page.locator(".opblock-summary-path", has_text="/tokenize").first.wait_for(timeout=TIMEOUT_MS)
+    assert page.locator(".opblock").count() >= 10
+    context.close()
+    assert errors == [] and outside == []
