@@ -9,6 +9,7 @@ install:
 install-dev:
 	$(PYTHON) -m pip install -q -e '.[dev]'
 	bash scripts/ensure_redis.sh
+	bash scripts/ensure_chromium.sh
 
 serve: install
 	radixcache serve

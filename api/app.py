@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from api import routes_cache, routes_openai
+from api import routes_cache, routes_history, routes_openai, routes_tokenize
 from api.body_limit import BodyLimitMiddleware
 from api.config import ApiConfig
+from api.dashboard import routes as routes_dashboard
+from api.docs import docs_router
 from api.errors import install_error_handlers
 from api.metrics import ApiMetrics
 from api.openapi_bodies import install_request_schemas
@@ -57,12 +59,13 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = await asyncio.to_thread(_start_engine, engine_config, api_config)
-        metrics = ApiMetrics()
+        model_name = api_config.served_model_name or engine.model_name
+        metrics = ApiMetrics(api_config.metrics_names, model_name)
         state = ServerState(
             engine=engine,
             config=api_config,
             metrics=metrics,
-            history=StatsHistory(api_config.stats_history_s),
+            history=StatsHistory(api_config.stats_history_s, api_config.stats_interval_s),
             flops_per_token=2.0 * engine.num_parameters,
         )
         metrics.watch_engine(state.counters, state.tokens_per_s)
@@ -83,12 +86,19 @@ def create_app(
             app.state.server = None
             await asyncio.to_thread(engine.shutdown)
 
-    app = FastAPI(title="radixcache", version="0.1.0", lifespan=lifespan)
+    # /docs is served offline by api/docs.py; ReDoc (CDN only) is off
+    app = FastAPI(
+        title="radixcache", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     app.state.server = None
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=api_config.max_body_bytes)
     app.include_router(routes_openai.router)
+    app.include_router(routes_history.router)
     app.include_router(routes_cache.router)
+    app.include_router(routes_tokenize.router)
+    app.include_router(routes_dashboard.router)
+    app.include_router(docs_router(app.openapi_url or "/openapi.json", app.title))
     install_request_schemas(app)
 
     @app.get("/health")

@@ -250,6 +250,12 @@ def _server_args(p: argparse.ArgumentParser) -> None:
         help="larger request bodies get 413",
     )
     g.add_argument(
+        "--metrics-names",
+        default="radixcache",
+        choices=["radixcache", "vllm"],
+        help="/metrics names: ours, or vLLM's for what vLLM also reports (its dashboards work)",
+    )
+    g.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="uvicorn"
     )
 
@@ -314,6 +320,7 @@ def api_config(args: argparse.Namespace) -> Any:
         served_model_name=args.served_model_name,
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
+        metrics_names=args.metrics_names,
     )
 
 

@@ -34,6 +34,7 @@ class ApiConfig:
     stats_interval_s: float = 5.0  # how often cache counters are sampled for windowed rates
     stats_history_s: float = 3600.0
     default_max_tokens: int = 256
+    metrics_names: str = "radixcache"  # or "vllm": shared metrics under vLLM's names
 
     @property
     def auth_enabled(self) -> bool:

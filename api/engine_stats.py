@@ -55,7 +55,8 @@ class TierOccupancy:
     used_blocks: int | None = None  # device: blocks held; spill tiers count bytes
     capacity_blocks: int | None = None
     used_bytes: int | None = None
-    capacity_bytes: int | None = None
+    capacity_bytes: int | None = None  # None on a spill tier: no budget of ours (Redis)
+    block_bytes: int | None = None  # a spill tier's stored block, as measured by its writes
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ class EngineCounters:
     device: CacheStats
     running: int = 0
     waiting: int = 0
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # all prompt tokens, cached or computed
+    prefill_tokens: int = 0  # prompt tokens computed (recomputes after preemption included)
     generation_tokens: int = 0
     occupancy: dict[str, TierOccupancy] = field(default_factory=dict)
     redis_nodes: dict[str, dict[str, int]] = field(default_factory=dict)  # "host:port" -> health
@@ -89,8 +91,11 @@ def read_counters(snap: EngineSnapshot, output_tokens: int) -> EngineCounters:
     if snap.tiers is not None:
         for name, tier in snap.tiers.tiers.items():
             evictions[name] = tier.stats.evictions
+            written = tier.stats.blocks_written
             occupancy[name] = TierOccupancy(
-                used_bytes=tier.used_bytes, capacity_bytes=tier.capacity_bytes
+                used_bytes=tier.used_bytes,
+                capacity_bytes=tier.capacity_bytes,
+                block_bytes=tier.stats.bytes_written // written if written else None,
             )
             by_tier.setdefault(name, 0)
     namespaces = {
@@ -111,6 +116,7 @@ def read_counters(snap: EngineSnapshot, output_tokens: int) -> EngineCounters:
         running=snap.running,
         waiting=snap.waiting,
         prompt_tokens=totals.prefill_tokens + totals.cached_tokens,
+        prefill_tokens=totals.prefill_tokens,
         generation_tokens=totals.decode_tokens,
         occupancy=occupancy,
         redis_nodes=_redis_nodes(snap),

@@ -38,7 +38,7 @@ class Timing:
             key = (job, delta.index)
             if self.first_token is None:
                 self.first_token = now
-                self.metrics.ttft.observe(now - self.arrival)
+                self.metrics.observe_ttft(now - self.arrival)
             self.metrics.count_output(new)
             last = self._last.get(key)
             if last is not None:

@@ -1,5 +1,6 @@
 """Prometheus metrics: a registry per app; engine counters are read at scrape time, latencies are
-observed by the API as tokens reach the client."""
+observed by the API as tokens reach the client. Names: ours (`radixcache_*`, the default) or, for
+what we share with vLLM, vLLM's (api/metrics_vllm.py), so dashboards made for vLLM read us."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from api import metrics_vllm
 from api.engine_stats import EngineCounters
+from api.latency import LatencyRecorder
+
+METRIC_NAMES = ("radixcache", "vllm")
 
 PREFIX = "radixcache"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -21,16 +26,31 @@ class EngineCollector(Collector):
     """Exports the engine's own counters (kept in plain fields there) when Prometheus scrapes."""
 
     def __init__(
-        self, read: Callable[[], EngineCounters], tokens_per_s: Callable[[], float]
+        self,
+        read: Callable[[], EngineCounters],
+        tokens_per_s: Callable[[], float],
+        shared: bool = True,
     ) -> None:
         self._read = read
         self._tokens_per_s = tokens_per_s
+        self._shared = shared  # False: what vLLM also reports is left to the vLLM collector
 
     def collect(self) -> Iterator[Metric]:
         c = self._read()
+        if self._shared:
+            yield from self._shared_metrics(c)
+        yield from self._own_metrics(c)
+
+    def _shared_metrics(self, c: EngineCounters) -> Iterator[Metric]:
         cache = c.cache
         yield _counter("prefix_cache_queries_tokens", "Prompt tokens looked up", cache.query_tokens)
         yield _counter("prefix_cache_hits_tokens", "Prompt tokens found cached", cache.hit_tokens)
+        yield _counter("prefill_tokens", "Prompt tokens computed (not cached)", c.prefill_tokens)
+        yield _gauge("num_requests_running", "Requests being run", c.running)
+        yield _gauge("num_requests_waiting", "Requests waiting for a slot", c.waiting)
+
+    def _own_metrics(self, c: EngineCounters) -> Iterator[Metric]:
+        cache = c.cache
         tiers = CounterMetricFamily(
             f"{PREFIX}_prefix_cache_tier_hits_tokens",
             "Cached prompt tokens by tier",
@@ -45,9 +65,6 @@ class EngineCollector(Collector):
         for tier, n in sorted(cache.evictions_by_tier.items()):
             evictions.add_metric([tier], n)
         yield evictions
-        yield _counter("prefill_tokens", "Prompt tokens computed (not cached)", c.prompt_tokens)
-        yield _gauge("num_requests_running", "Requests being run", c.running)
-        yield _gauge("num_requests_waiting", "Requests waiting for a slot", c.waiting)
         yield _gauge(
             "generation_tokens_per_second", "Output tokens/s (last minute)", self._tokens_per_s()
         )
@@ -111,28 +128,46 @@ class KVEventsCollector(Collector):
         yield _counter("kv_events_replays", "KV event replay requests served", s.replays)
 
 
-class ApiMetrics:
-    """The app's registry (never the process-global one, so several apps can live in a process)."""
+class _WithoutCreated(Collector):
+    """The registry's metrics less the `_created` series (per registry: prometheus_client's own
+    switch is process-wide)."""
 
-    def __init__(self) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
+
+
+class ApiMetrics:
+    """The app's registry (never the process-global one, so several apps can live in a process).
+
+    `names`: "radixcache" (ours) or "vllm" (what vLLM also reports under vLLM's names)."""
+
+    def __init__(self, names: str = "radixcache", model_name: str = "") -> None:
+        if names not in METRIC_NAMES:
+            raise ValueError(f"metric names {names!r}: expected one of {METRIC_NAMES}")
+        self.names = names
+        self.model_name = model_name
         self.registry = CollectorRegistry()
-        self.ttft = Histogram(
-            f"{PREFIX}_time_to_first_token_seconds",
-            "Time to first token",
-            buckets=TTFT_BUCKETS,
-            registry=self.registry,
+        self._view = _WithoutCreated(self.registry)
+        self.ttft_recorder = LatencyRecorder()  # fine buckets for the history's quantiles
+        self.ttft = self._histogram(
+            "time_to_first_token_seconds", metrics_vllm.TTFT, "Time to first token", TTFT_BUCKETS
         )
-        self.itl = Histogram(
-            f"{PREFIX}_inter_token_latency_seconds",
+        self.itl = self._histogram(
+            "inter_token_latency_seconds",
+            metrics_vllm.ITL,
             "Time between output tokens",
-            buckets=ITL_BUCKETS,
-            registry=self.registry,
+            ITL_BUCKETS,
         )
-        self.e2e = Histogram(
-            f"{PREFIX}_request_latency_seconds",
+        self.e2e = self._histogram(
+            "request_latency_seconds",
+            metrics_vllm.E2E,
             "Request latency, arrival to last token",
-            buckets=TTFT_BUCKETS,
-            registry=self.registry,
+            TTFT_BUCKETS,
         )
         self.requests = Counter(
             f"{PREFIX}_http_requests",
@@ -144,13 +179,25 @@ class ApiMetrics:
         self.output_counter = Counter(
             f"{PREFIX}_generation_tokens",
             "Tokens sent to clients",
-            registry=self.registry,
+            registry=self.registry if names == "radixcache" else None,
         )
         self.rejected = Counter(
             f"{PREFIX}_rejected_requests",
             "Requests refused because the queue was full",
             registry=self.registry,
         )
+
+    def _histogram(self, ours: str, vllm: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        if self.names == "vllm":
+            family = Histogram(
+                vllm, doc, labelnames=metrics_vllm.LABELS, buckets=buckets, registry=self.registry
+            )
+            return family.labels(*metrics_vllm.label_values(self.model_name))
+        return Histogram(f"{PREFIX}_{ours}", doc, buckets=buckets, registry=self.registry)
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+        self.ttft_recorder.observe(seconds)
 
     def count_output(self, n: int) -> None:
         self.output_tokens += n
@@ -159,10 +206,13 @@ class ApiMetrics:
     def watch_engine(
         self, read: Callable[[], EngineCounters], tokens_per_s: Callable[[], float]
     ) -> None:
-        self.registry.register(EngineCollector(read, tokens_per_s))
+        vllm = self.names == "vllm"
+        self.registry.register(EngineCollector(read, tokens_per_s, shared=not vllm))
+        if vllm:
+            self.registry.register(metrics_vllm.VllmCollector(read, self.model_name))
 
     def watch_kv_events(self, read: Callable[[], Any]) -> None:
         self.registry.register(KVEventsCollector(read))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._view)

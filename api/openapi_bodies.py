@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from api.protocol import ChatCompletionRequest, CompletionRequest, LookupRequest, PinRequest
 from api.routes_cache import FlushRequest
+from api.routes_tokenize import DetokenizeRequest, TokenizeRequest
 
 BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("/v1/completions", "post"): CompletionRequest,
@@ -20,6 +21,8 @@ BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("/v1/cache/pin", "post"): PinRequest,
     ("/v1/cache/unpin", "post"): PinRequest,
     ("/v1/cache/flush", "post"): FlushRequest,
+    ("/tokenize", "post"): TokenizeRequest,
+    ("/detokenize", "post"): DetokenizeRequest,
 }
 OPTIONAL_BODIES = {("/v1/cache/flush", "post")}  # an empty body means "every namespace"
 

@@ -4,7 +4,6 @@ prefixes, flush, pin, unpin (admin key)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,7 +55,7 @@ async def stats(
     state = state_of(request)
     caller = identify(state.config, request)
     counters = await asyncio.to_thread(state.counters)
-    window = state.history.delta(time.time(), counters.cache, window_minutes * 60)
+    window = state.cache_delta(counters.cache, window_minutes * 60)
     report = cache_report(
         counters, window, window_minutes, state.started_at, state.flops_per_token, caller
     )

@@ -1,4 +1,4 @@
-"""Per-app server state: the engine handle, metrics and the history of the cache counters."""
+"""Per-app server state: the engine handle, metrics and the history of the sampled counters."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from api.config import ApiConfig
 from api.engine_stats import CacheCounters, EngineCounters, read_counters
 from api.errors import ApiError
 from api.metrics import ApiMetrics
+from api.server_counters import ServerCounters, server_counters
 from api.stats_history import StatsHistory
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ class ServerState:
     engine: AsyncEngine
     config: ApiConfig
     metrics: ApiMetrics
-    history: StatsHistory[CacheCounters]
+    history: StatsHistory[ServerCounters]
     started_at: float = field(default_factory=time.time)
     flops_per_token: float = 0.0  # ~2 x parameters: compute a cached prompt token saves
 
@@ -44,13 +45,24 @@ class ServerState:
 
     def sample(self) -> None:
         """Records the counters (blocking engine call: run it off the event loop)."""
-        self.history.record(time.time(), self.counters().cache)
+        ttft = self.metrics.ttft_recorder.snapshot()
+        self.history.record(time.time(), server_counters(self.counters(), ttft))
+
+    def cache_delta(self, current: CacheCounters, window_s: float) -> tuple[CacheCounters, float]:
+        """Cache counter increases over the last window -> (increases, covered seconds)."""
+        now = time.time()
+        base = self.history.base(now, window_s)
+        if base is None:
+            return current.minus(current), 0.0
+        return current.minus(base.counters.cache), max(now - base.time, 0.0)
 
     def tokens_per_s(self, window_s: float = 60.0) -> float:
         """Output tokens/s over the last window (API-side counter, no engine call)."""
-        current = CacheCounters(output_tokens=self.metrics.output_tokens)
-        diff, span = self.history.delta(time.time(), current, window_s)
-        return diff.output_tokens / span if span > 0 else 0.0
+        now = time.time()
+        base = self.history.base(now, window_s)
+        if base is None or now <= base.time:
+            return 0.0
+        return (self.metrics.output_tokens - base.counters.cache.output_tokens) / (now - base.time)
 
 
 def state_of(request: Request) -> ServerState:

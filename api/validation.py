@@ -70,19 +70,22 @@ def resolve_max_tokens(
 def to_sampling_params(
     req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None
 ) -> SamplingParams:
-    return SamplingParams(
-        n=req.n,
-        max_tokens=max_tokens,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=max(req.top_k, 0),
-        min_p=req.min_p,
-        repetition_penalty=req.repetition_penalty,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        seed=req.seed,
-        stop=tuple(req.stop_list()),
-        stop_token_ids=tuple(req.stop_token_ids or ()),
-        ignore_eos=req.ignore_eos,
-        logprobs=logprobs,
-    )
+    try:
+        return SamplingParams(
+            n=req.n,
+            max_tokens=max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=max(req.top_k, 0),
+            min_p=req.min_p,
+            repetition_penalty=req.repetition_penalty,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            seed=req.seed,
+            stop=tuple(req.stop_list()),
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+        )
+    except ValueError as exc:  # the engine's own checks (e.g. an empty stop string)
+        raise ApiError(400, str(exc), code="invalid_value") from exc

@@ -117,6 +117,10 @@ def test_out_of_range_sampling(http, server, field, value) -> None:
     assert_error(r, 400, field)
 
 
+def test_empty_stop_string_is_a_400(http, server) -> None:
+    assert_error(post(http, "/v1/completions", completion(server, stop="")), 400)
+
+
 def test_streaming_request_errors_before_stream_starts(http, server) -> None:
     r = post(http, "/v1/completions", completion(server, stream=True, temperature=-1))
     assert_error(r, 400, "temperature")

@@ -1,0 +1,1 @@
+"""The operators' dashboard: one live page (/dashboard) over the cache's stats and history."""

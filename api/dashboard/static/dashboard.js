@@ -1,0 +1,229 @@
+// The radixcache dashboard: polls /v1/cache/stats, /v1/cache/stats/history and /dashboard/data
+// every few seconds and draws them with plotly.js (served by this server, no CDN).
+"use strict";
+
+const REFRESH_MS = 3000;
+const TIER_ORDER = ["device", "host", "disk", "redis"];
+const PLOT_CONFIG = { displayModeBar: false, responsive: true };
+const BASE_LAYOUT = {
+  margin: { l: 50, r: 55, t: 10, b: 35 },
+  legend: { orientation: "h", y: -0.2 },
+  font: { size: 11 },
+};
+
+const KEY_STORE = "radixcache-dashboard-key";
+let busy = false;
+
+function takeKeyFromHash() {
+  const match = /(?:^#|&)key=([^&]+)/.exec(window.location.hash);
+  if (match) {
+    sessionStorage.setItem(KEY_STORE, decodeURIComponent(match[1]));
+    history.replaceState(null, "", window.location.pathname + window.location.search);
+  }
+}
+
+async function api(path, options = {}) {
+  const headers = { "content-type": "application/json" };
+  const key = sessionStorage.getItem(KEY_STORE);
+  if (key) headers.authorization = "Bearer " + key;
+  const response = await fetch(path, { ...options, headers });
+  const body = await response.json();
+  if (!response.ok) {
+    throw new Error((body.error && body.error.message) || response.statusText);
+  }
+  return body;
+}
+
+function tiersOf(points, field) {
+  const seen = new Set();
+  points.forEach((p) => Object.keys(p[field] || {}).forEach((t) => seen.add(t)));
+  return [...seen].sort((a, b) => TIER_ORDER.indexOf(a) - TIER_ORDER.indexOf(b));
+}
+
+function layout(extra) {
+  return { ...BASE_LAYOUT, ...extra };
+}
+
+function draw(id, traces, extraLayout) {
+  Plotly.react("plot-" + id, traces, layout(extraLayout), PLOT_CONFIG);
+  const points = traces.reduce((n, t) => n + (t.x ? t.x.length : 0), 0);
+  document.getElementById("panel-" + id).dataset.points = String(points);
+}
+
+function drawHitRate(points, x) {
+  // bars on the base axis, rates on the overlaying one: plotly draws the overlay on top
+  const traces = [
+    { name: "tokens saved", type: "bar", x, y: points.map((p) => p.tokens_saved), marker: { color: "#9fd8a4" } },
+    { name: "tokens computed", type: "bar", x, y: points.map((p) => p.tokens_computed), marker: { color: "#f4b7a6" } },
+    { name: "hit rate", mode: "lines+markers", x, y: points.map((p) => p.hit_rate), yaxis: "y2", line: { width: 3, color: "#1d2433" } },
+  ];
+  tiersOf(points, "hit_rate_by_tier").forEach((tier) => {
+    traces.push({ name: tier, mode: "lines+markers", x, y: points.map((p) => (p.hit_rate_by_tier || {})[tier] ?? null), yaxis: "y2" });
+  });
+  draw("hit-rate", traces, {
+    barmode: "stack",
+    yaxis: { title: "prompt tokens", side: "right", rangemode: "tozero" },
+    yaxis2: { title: "hit rate", overlaying: "y", side: "left", range: [0, 1], tickmode: "linear", tick0: 0, dtick: 0.2 },
+  });
+}
+
+function drawLatency(points, x) {
+  draw("latency", [
+    { name: "TTFT p50 (s)", mode: "lines+markers", x, y: points.map((p) => p.ttft_p50_s) },
+    { name: "TTFT p99 (s)", mode: "lines+markers", x, y: points.map((p) => p.ttft_p99_s) },
+    { name: "output tokens/s", mode: "lines", x, y: points.map((p) => p.output_tokens_per_s), yaxis: "y2" },
+  ], {
+    yaxis: { title: "seconds", rangemode: "tozero" },
+    yaxis2: { title: "tokens/s", overlaying: "y", side: "right", showgrid: false, rangemode: "tozero" },
+  });
+}
+
+function drawRequests(points, x) {
+  draw("requests", [
+    { name: "running", mode: "lines", x, y: points.map((p) => p.running), line: { shape: "hv" } },
+    { name: "waiting", mode: "lines", x, y: points.map((p) => p.waiting), line: { shape: "hv" } },
+  ], { yaxis: { title: "requests", rangemode: "tozero" } });
+}
+
+function drawTiers(points, x) {
+  const traces = [];
+  tiersOf(points, "occupancy").forEach((tier) => {
+    traces.push({ name: tier + " occupancy", mode: "lines", x, y: points.map((p) => (p.occupancy || {})[tier]) });
+  });
+  tiersOf(points, "evictions_by_tier").forEach((tier) => {
+    traces.push({ name: tier + " evictions", type: "bar", x, y: points.map((p) => (p.evictions_by_tier || {})[tier] ?? 0), yaxis: "y2", opacity: 0.6 });
+  });
+  draw("tiers", traces, {
+    yaxis: { title: "occupancy", range: [0, 1] },
+    yaxis2: { title: "blocks evicted", overlaying: "y", side: "right", showgrid: false, rangemode: "tozero" },
+  });
+}
+
+function drawCurve(stats, advice, spill) {
+  const curve = stats.miss_ratio_curve || [];
+  const now = curve.filter((p) => p.size_ratio === 1);
+  const withTiers = spill && spill.size_ratio ? [spill] : [];
+  draw("mrc", [
+    { name: "estimated hit rate", mode: "lines+markers", x: curve.map((p) => p.size_ratio), y: curve.map((p) => p.hit_rate),
+      text: curve.map((p) => p.size_blocks + " blocks"), hovertemplate: "%{x}x (%{text}): %{y:.3f}<extra></extra>" },
+    { name: "this pool", mode: "markers", x: now.map((p) => p.size_ratio), y: now.map((p) => p.hit_rate),
+      marker: { size: 12, color: "#d62728" } },
+    { name: "device + spill tiers", mode: "markers", x: withTiers.map((p) => p.size_ratio), y: withTiers.map((p) => p.hit_rate),
+      marker: { size: 12, symbol: "diamond", color: "#9467bd" } },
+  ], {
+    xaxis: { title: "pool size / current", type: "log", tickvals: curve.map((p) => p.size_ratio) },
+    yaxis: { title: "hit rate", range: [0, 1] },
+  });
+  document.getElementById("advice").textContent = advice;
+  document.getElementById("spill-advice").textContent = spill ? spill.line : "";
+}
+
+function drawTenants(tenants) {
+  const x = tenants.map((t) => t.tenant);
+  draw("tenants", [
+    { name: "since start", type: "bar", x, y: tenants.map((t) => t.hit_rate) },
+    { name: "last 5 min", type: "bar", x, y: tenants.map((t) => t.window_hit_rate) },
+  ], { barmode: "group", yaxis: { title: "hit rate", range: [0, 1] } });
+}
+
+function cell(row, text, className) {
+  const td = row.insertCell();
+  td.textContent = text;
+  if (className) td.className = className;
+  return td;
+}
+
+async function pinRow(prefix, pin) {
+  const body = JSON.stringify({ prompt: prefix.pin_tokens, cache_salt: prefix.cache_salt });
+  try {
+    await api(pin ? "/v1/cache/pin" : "/v1/cache/unpin", { method: "POST", body });
+    await refresh();
+  } catch (err) {
+    showError(err);
+  }
+}
+
+function drawPrefixes(prefixes, isAdmin) {
+  const body = document.querySelector("#prefixes tbody");
+  body.replaceChildren();
+  prefixes.forEach((p) => {
+    const row = body.insertRow();
+    cell(row, p.tenant);
+    cell(row, p.preview, "preview").title = p.preview;
+    cell(row, String(p.num_tokens), "num");
+    cell(row, String(p.hits), "num");
+    cell(row, String(p.tokens_saved), "num");
+    cell(row, p.pinned ? "yes" : "no", "pinned");
+    cell(row, p.last_used ? new Date(p.last_used).toLocaleTimeString() : "-");
+    const actions = row.insertCell();
+    if (isAdmin) {
+      const button = document.createElement("button");
+      const whole = p.pins_whole_prefix ? "" : " first " + p.pin_tokens.length + " tokens";
+      button.textContent = (p.pinned ? "unpin" : "pin") + whole;
+      button.className = p.pinned ? "unpin" : "pin";
+      button.addEventListener("click", () => pinRow(p, !p.pinned));
+      actions.appendChild(button);
+    }
+  });
+  document.getElementById("panel-prefixes").dataset.points = String(prefixes.length);
+}
+
+function percent(rate) {
+  return (100 * rate).toFixed(2) + "%";
+}
+
+function drawHeadline(stats, data) {
+  const hit = document.getElementById("hit-rate");
+  hit.textContent = percent(stats.since_start.hit_rate);
+  hit.dataset.value = String(stats.since_start.hit_rate);
+  document.getElementById("window-hit-rate").textContent = percent(stats.window.hit_rate);
+  document.getElementById("tokens-saved").textContent = stats.since_start.tokens_saved.toLocaleString();
+  document.getElementById("requests-now").textContent = stats.requests.running + " / " + stats.requests.waiting;
+  document.getElementById("updated").textContent = new Date().toLocaleTimeString();
+  document.getElementById("model").textContent = data.model;
+  const who = data.caller.is_admin ? "admin: every tenant" : "tenant: " + (data.caller.tenant ?? "(none)");
+  document.getElementById("who").textContent = who;
+}
+
+function showError(err) {
+  const box = document.getElementById("error");
+  box.textContent = String(err.message || err);
+  box.hidden = false;
+}
+
+async function refresh() {
+  if (busy) return;
+  busy = true;
+  try {
+    const [stats, history, data] = await Promise.all([
+      api("/v1/cache/stats"),
+      api("/v1/cache/stats/history"),
+      api("/dashboard/data"),
+    ]);
+    const points = history.points;
+    const x = points.map((p) => new Date(p.end * 1000));
+    drawHeadline(stats, data);
+    drawHitRate(points, x);
+    drawLatency(points, x);
+    drawRequests(points, x);
+    drawTiers(points, x);
+    drawCurve(stats, data.sizing_advice, data.spill_estimate);
+    drawTenants(data.tenants);
+    drawPrefixes(data.prefixes, data.caller.is_admin);
+    document.getElementById("error").hidden = true;
+    document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
+  } catch (err) {
+    showError(err);
+  } finally {
+    busy = false;
+  }
+}
+
+document.getElementById("key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sessionStorage.setItem(KEY_STORE, document.getElementById("key").value);
+  refresh();
+});
+takeKeyFromHash();
+refresh();
+setInterval(refresh, REFRESH_MS);
