@@ -53,9 +53,18 @@ def error_response(
     return JSONResponse(error_json(status, message, param, code), status, headers=headers)
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _is_field(part: object) -> bool:
+    """A location part naming a field or an index, not a union member (`constrained-str`)."""
+    text = str(part)
+    return text != "body" and text not in _TYPE_TAGS and not any(c in text for c in "[-")
+
+
 def _describe(errors: list) -> tuple[str, str | None]:
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = [str(p) for p in first.get("loc", ()) if _is_field(p)]
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid value")
     if first.get("type") == "missing":

@@ -10,10 +10,22 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 MAX_N = 16
 MAX_STOP = 16
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema counts 1.0 as an integer: take it as 1 (1.5 and "1" still fail strict int)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# an integer request field: strict, but integral floats accepted, as the schema promises
+Int = Annotated[int, BeforeValidator(_integral)]
+TokenId = Annotated[Int, Field(ge=0)]
 
 
 class _Request(BaseModel):
@@ -26,15 +38,15 @@ class StreamOptions(_Request):
 
 class _SamplingFields(_Request):
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)  # and at most the context window left
+    max_tokens: Int | None = Field(None, ge=1)  # and at most the context window left
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1)  # 0 or -1: off
+    top_k: Int = Field(0, ge=-1)  # 0 or -1: off
     min_p: float = Field(0.0, ge=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=MAX_N)
-    seed: int | None = None
+    n: Int = Field(1, ge=1, le=MAX_N)
+    seed: Int | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, max_length=MAX_STOP)
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
@@ -51,12 +63,19 @@ class _SamplingFields(_Request):
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
 
 
-PromptType = str | list[str] | list[int] | list[list[int]]
+Text = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+PromptType = (
+    Text
+    | Annotated[list[Text], Field(min_length=1)]
+    | TokenIds
+    | Annotated[list[TokenIds], Field(min_length=1)]
+)
 
 
 class CompletionRequest(_SamplingFields):
     prompt: PromptType
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: Int | None = Field(None, ge=0, le=20)
     echo: bool = False
 
     def prompts(self) -> list[str | list[int]]:
@@ -91,9 +110,9 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: Int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: Int | None = Field(None, ge=0, le=20)
 
     def chat_messages(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
@@ -103,7 +122,7 @@ class LookupRequest(_Request):
     """Exactly one of `prompt` and `messages`."""
 
     model: str | None = None
-    prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
+    prompt: str | TokenIds | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     cache_salt: str | None = Field(None, max_length=256)
 
