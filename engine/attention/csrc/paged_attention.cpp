@@ -1,0 +1,282 @@
+// Paged decode attention on CPU: one new token per sequence attends its whole context, read in
+// place through its block table (no gather, no mask). Reference: engine/attention/torch_backend.py.
+//
+// q [N, Hq, D], caches [num_blocks, block_size, Hkv, D], block_tables int32 [N, W],
+// seq_lens int32 [N] -> out [N, Hq, D]. One task per (sequence, kv head): its G = Hq / Hkv query
+// heads share every key and value row it loads. Scores and sums are float32.
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+inline float load(const float* p) { return *p; }
+inline float load(const c10::Half* p) { return static_cast<float>(*p); }
+inline float load(const c10::BFloat16* p) {
+  uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[0]) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+template <typename T>
+inline void to_float(const T* src, float* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = load(src + i);
+}
+
+constexpr int64_t CHUNK = 16;  // keys scored together: one 16-float vector per query head
+
+// Scores of one chunk of keys: kt holds the chunk transposed ([D][CHUNK], float32), so each
+// query head's 16 scores accumulate in one vector with no horizontal sums.
+template <int64_t D>
+inline void score_chunk(const float* qf, const float* kt, int64_t group, float* s_out,
+                        int64_t stride, int64_t n) {
+  for (int64_t g = 0; g < group; ++g) {
+    float s[CHUNK] = {0.f};
+    for (int64_t i = 0; i < D; ++i) {
+      const float qi = qf[g * D + i];
+#pragma omp simd
+      for (int64_t j = 0; j < CHUNK; ++j) s[j] += qi * kt[i * CHUNK + j];
+    }
+    for (int64_t j = 0; j < n; ++j) s_out[g * stride + j] = s[j];
+  }
+}
+
+inline void softmax_rows(float* scores, int64_t group, int64_t len) {
+  for (int64_t g = 0; g < group; ++g) {
+    float* s = scores + g * len;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < len; ++t) m = std::max(m, s[t]);
+    float sum = 0.f;
+    for (int64_t t = 0; t < len; ++t) {
+      s[t] = std::exp(s[t] - m);
+      sum += s[t];
+    }
+    const float inv = 1.f / sum;
+#pragma omp simd
+    for (int64_t t = 0; t < len; ++t) s[t] *= inv;
+  }
+}
+
+#ifdef __AVX512F__
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// exp(x) for x <= 0 (shifted scores): 2^n * p(r), r in [-ln2/2, ln2/2], degree-6 polynomial.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// The same task as decode_task below, with 16-float vectors: each key row is loaded once
+// (D / 16 vectors) and dotted with the G query heads.
+template <typename T, int64_t D>
+void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
+                        int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t kvh,
+                        float scale, T* out, std::vector<float>& scores) {
+  constexpr int64_t V = D / 16;  // vectors per row
+  const int64_t row = hkv * D;
+  scores.resize(static_cast<size_t>(group * len));
+  std::vector<__m512> qv(static_cast<size_t>(group * V)), acc(static_cast<size_t>(group * V));
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t c = 0; c < V; ++c) {
+      qv[g * V + c] = _mm512_mul_ps(load16(q + (kvh * group + g) * D + c * 16),
+                                    _mm512_set1_ps(scale));
+      acc[g * V + c] = _mm512_setzero_ps();
+    }
+  std::vector<float> maxes(static_cast<size_t>(group), -std::numeric_limits<float>::infinity());
+  for (int64_t t = 0; t < len; ++t) {
+    const T* kr = k_cache + (static_cast<int64_t>(table[t / bs]) * bs + t % bs) * row + kvh * D;
+    __m512 k[V];
+    for (int64_t c = 0; c < V; ++c) k[c] = load16(kr + c * 16);
+    for (int64_t g = 0; g < group; ++g) {
+      __m512 a = _mm512_mul_ps(qv[g * V], k[0]);
+      for (int64_t c = 1; c < V; ++c) a = _mm512_fmadd_ps(qv[g * V + c], k[c], a);
+      const float sc = _mm512_reduce_add_ps(a);
+      scores[g * len + t] = sc;
+      maxes[g] = std::max(maxes[g], sc);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = scores.data() + g * len;
+    const __m512 m = _mm512_set1_ps(maxes[g]);
+    __m512 sum = _mm512_setzero_ps();
+    int64_t t = 0;
+    for (; t + 16 <= len; t += 16) {
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + t), m));
+      _mm512_storeu_ps(sg + t, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    if (t < len) {
+      const __mmask16 mask = static_cast<__mmask16>((1u << (len - t)) - 1);
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, sg + t), m));
+      _mm512_mask_storeu_ps(sg + t, mask, e);
+      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(mask, e));
+    }
+    maxes[g] = 1.f / _mm512_reduce_add_ps(sum);  // now the normaliser
+  }
+  for (int64_t t = 0; t < len; ++t) {
+    const T* vr = v_cache + (static_cast<int64_t>(table[t / bs]) * bs + t % bs) * row + kvh * D;
+    __m512 v[V];
+    for (int64_t c = 0; c < V; ++c) v[c] = load16(vr + c * 16);
+    for (int64_t g = 0; g < group; ++g) {
+      const __m512 p = _mm512_set1_ps(scores[g * len + t]);
+      for (int64_t c = 0; c < V; ++c) acc[g * V + c] = _mm512_fmadd_ps(p, v[c], acc[g * V + c]);
+    }
+  }
+  alignas(64) float tmp[16];
+  for (int64_t g = 0; g < group; ++g) {
+    T* o = out + (kvh * group + g) * D;
+    const __m512 inv = _mm512_set1_ps(maxes[g]);
+    for (int64_t c = 0; c < V; ++c) {
+      _mm512_store_ps(tmp, _mm512_mul_ps(acc[g * V + c], inv));
+      for (int64_t i = 0; i < 16; ++i) o[c * 16 + i] = static_cast<T>(tmp[i]);
+    }
+  }
+}
+#endif
+
+// One (sequence, kv head): q / out are the sequence's [Hq, D] rows; the task's query heads are
+// kvh * group .. (kvh + 1) * group. scores is scratch of group * len floats.
+template <typename T, int64_t D>
+void decode_task(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
+                 int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t kvh, float scale,
+                 T* out, std::vector<float>& scores) {
+  const int64_t row = hkv * D;  // one slot of a cache: Hkv * D values
+  scores.resize(static_cast<size_t>(group * len));
+  std::vector<float> qf(static_cast<size_t>(group * D)), acc(static_cast<size_t>(group * D), 0.f);
+  alignas(64) float kt[D * CHUNK];
+  alignas(64) float vf[D];
+  for (int64_t g = 0; g < group; ++g) {
+    to_float(q + (kvh * group + g) * D, qf.data() + g * D, D);
+    for (int64_t i = 0; i < D; ++i) qf[g * D + i] *= scale;
+  }
+  for (int64_t t0 = 0; t0 < len; t0 += CHUNK) {
+    const int64_t n = std::min(CHUNK, len - t0);
+    for (int64_t j = 0; j < CHUNK; ++j) {
+      if (j < n) {
+        const int64_t t = t0 + j;
+        const T* kr = k_cache + (static_cast<int64_t>(table[t / bs]) * bs + t % bs) * row + kvh * D;
+        for (int64_t i = 0; i < D; ++i) kt[i * CHUNK + j] = load(kr + i);
+      } else {
+        for (int64_t i = 0; i < D; ++i) kt[i * CHUNK + j] = 0.f;
+      }
+    }
+    score_chunk<D>(qf.data(), kt, group, scores.data() + t0, len, n);
+  }
+  softmax_rows(scores.data(), group, len);
+  for (int64_t t = 0; t < len; ++t) {
+    const T* vr = v_cache + (static_cast<int64_t>(table[t / bs]) * bs + t % bs) * row + kvh * D;
+    to_float(vr, vf, D);
+    for (int64_t g = 0; g < group; ++g) {
+      const float p = scores[g * len + t];
+      float* o = acc.data() + g * D;
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) o[i] += p * vf[i];
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    T* o = out + (kvh * group + g) * D;
+    for (int64_t i = 0; i < D; ++i) o[i] = static_cast<T>(acc[g * D + i]);
+  }
+}
+
+template <typename T, int64_t D>
+void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+            const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale,
+            torch::Tensor& out) {
+  const int64_t n = q.size(0), hq = q.size(1), d = q.size(2);
+  const int64_t bs = k_cache.size(1), hkv = k_cache.size(2), width = block_tables.size(1);
+  const int64_t group = hq / hkv;
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, n * hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / hkv, kvh = task % hkv;
+#ifdef __AVX512F__
+      decode_task_avx512<T, D>(qp + b * hq * d, kp, vp, tables + b * width, lens[b], bs, hkv, group,
+                               kvh, static_cast<float>(scale), op + b * hq * d, scores);
+#else
+      decode_task<T, D>(qp + b * hq * d, kp, vp, tables + b * width, lens[b], bs, hkv, group,
+                        kvh, static_cast<float>(scale), op + b * hq * d, scores);
+#endif
+    }
+  });
+}
+
+template <int64_t D>
+void dispatch_dtype(const torch::Tensor& q, const torch::Tensor& k_cache,
+                    const torch::Tensor& v_cache, const torch::Tensor& tables,
+                    const torch::Tensor& lens, double scale, torch::Tensor& out) {
+  switch (q.scalar_type()) {
+    case torch::kFloat: decode<float, D>(q, k_cache, v_cache, tables, lens, scale, out); break;
+    case torch::kBFloat16:
+      decode<c10::BFloat16, D>(q, k_cache, v_cache, tables, lens, scale, out);
+      break;
+    case torch::kHalf: decode<c10::Half, D>(q, k_cache, v_cache, tables, lens, scale, out); break;
+    default: TORCH_CHECK(false, "paged_decode: float32, bfloat16 or float16 only");
+  }
+}
+
+torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
+                           const torch::Tensor& v_cache, const torch::Tensor& block_tables,
+                           const torch::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 4, "bad ranks");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32,
+              "block_tables and seq_lens must be int32");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
+              "q and caches must share a dtype");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0 && q.size(2) == k_cache.size(3), "bad head shapes");
+  auto qc = q.contiguous();
+  auto tables = block_tables.contiguous();
+  auto lens = seq_lens.contiguous();
+  auto out = torch::empty_like(qc);
+  switch (q.size(2)) {
+    case 64: dispatch_dtype<64>(qc, k_cache, v_cache, tables, lens, scale, out); break;
+    case 128: dispatch_dtype<128>(qc, k_cache, v_cache, tables, lens, scale, out); break;
+    case 32: dispatch_dtype<32>(qc, k_cache, v_cache, tables, lens, scale, out); break;
+    case 256: dispatch_dtype<256>(qc, k_cache, v_cache, tables, lens, scale, out); break;
+    default: TORCH_CHECK(false, "paged_decode: head_dim 32, 64, 128 or 256 only");
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
+}
