@@ -29,7 +29,6 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = device
         self.block_size = kv_cache.block_size
-        self.cpu_plan = device.type == "cpu"
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> ForwardResult:
@@ -48,7 +47,6 @@ class ModelRunner:
             [s.block_ids for s in batch.seqs],
             self.block_size,
             self.device,
-            cpu_plan=self.cpu_plan,
         )
         sample_index = [
             b

@@ -4,19 +4,26 @@ Per layer: write the new K/V by slot; a shared prefix of a group of sequences is
 with all the group's queries stacked; then each sequence's remaining keys (prefill: one call per
 sequence; decode: one call for all) and the two parts are merged by log-sum-exp.
 GQA is folded into the query dims ([.., Hkv, G, L, D]) so K/V are never repeated per head.
+With the native kernel (engine/attention/native.py) decode tokens are attended by it instead,
+reading each sequence's keys in place.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
-from engine.attention.metadata import (
-    AttentionMetadata,
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.torch_plan import (
     BlockRun,
     CausalBatch,
     DecodePlan,
+    NativeDecode,
     PrefillSegment,
     SharedPrefix,
+    TorchPlan,
+    build_torch_plan,
 )
 
 
@@ -69,6 +76,14 @@ def merge(o1, lse1, o2, lse2) -> torch.Tensor:
 
 
 class TorchAttention:
+    """native: the compiled kernels' module (load_native()), or None for the pure-torch path."""
+
+    def __init__(self, native: ModuleType | None = None) -> None:
+        self.native = native
+
+    def plan(self, meta: AttentionMetadata) -> TorchPlan:
+        return build_torch_plan(meta, native_decode=self.native is not None)
+
     def forward(
         self,
         q: torch.Tensor,
@@ -76,24 +91,26 @@ class TorchAttention:
         v: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        plan: TorchPlan,
         scale: float,
     ) -> torch.Tensor:
         # q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        write_kv(k, v, k_cache, v_cache, plan.slot_mapping)
         t, hq, _ = q.shape
         out = torch.empty_like(q)
-        lse = torch.empty(t, hq, dtype=torch.float32, device=q.device) if meta.shared else None
-        for batch in meta.causal:
+        lse = torch.empty(t, hq, dtype=torch.float32, device=q.device) if plan.shared else None
+        for batch in plan.causal:
             self._causal(q, k, v, batch, scale, out, lse)
-        for seg in meta.prefills:
+        for seg in plan.prefills:
             o, seg_lse = self._prefill(q, k_cache, v_cache, seg, scale)
             out[seg.start : seg.end] = o
             if lse is not None:
                 lse[seg.start : seg.end] = seg_lse
-        if meta.decode is not None:
-            self._decode(q, k_cache, v_cache, meta.decode, scale, out, lse)
-        for group in meta.shared:
+        if isinstance(plan.decode, NativeDecode):
+            self._native_decode(q, k_cache, v_cache, plan.decode, scale, out)
+        elif plan.decode is not None:
+            self._decode(q, k_cache, v_cache, plan.decode, scale, out, lse)
+        for group in plan.shared:
             o, group_lse = self._shared(q, k_cache, v_cache, group, scale)
             rows = group.rows
             merged = merge(o, group_lse, out.index_select(0, rows), lse.index_select(0, rows))
@@ -151,6 +168,14 @@ class TorchAttention:
             out.index_copy_(0, plan.rows, o)
             if lse is not None:
                 lse.index_copy_(0, plan.rows, o_lse)
+
+    def _native_decode(self, q, k_cache, v_cache, plan: NativeDecode, scale: float, out) -> None:
+        qd = q[plan.row_slice] if plan.row_slice is not None else q.index_select(0, plan.rows)
+        o = self.native.paged_decode(qd, k_cache, v_cache, plan.block_tables, plan.seq_lens, scale)
+        if plan.row_slice is not None:
+            out[plan.row_slice] = o
+        else:
+            out.index_copy_(0, plan.rows, o)
 
     @staticmethod
     def _shared(q, k_cache, v_cache, group: SharedPrefix, scale: float):

@@ -39,9 +39,8 @@ constexpr int64_t CHUNK = 16;  // keys scored together: one 16-float vector per 
 
 // Scores of one chunk of keys: kt holds the chunk transposed ([D][CHUNK], float32), so each
 // query head's 16 scores accumulate in one vector with no horizontal sums.
-template <int64_t D>
-inline void score_chunk(const float* qf, const float* kt, int64_t group, float* s_out,
-                        int64_t stride, int64_t n) {
+inline void score_chunk(const float* qf, const float* kt, int64_t group, int64_t D,
+                        float* s_out, int64_t stride, int64_t n) {
   for (int64_t g = 0; g < group; ++g) {
     float s[CHUNK] = {0.f};
     for (int64_t i = 0; i < D; ++i) {
@@ -166,15 +165,16 @@ void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const in
 
 // One (sequence, kv head): q / out are the sequence's [Hq, D] rows; the task's query heads are
 // kvh * group .. (kvh + 1) * group. scores is scratch of group * len floats.
-template <typename T, int64_t D>
+template <typename T>
 void decode_task(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
-                 int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t kvh, float scale,
-                 T* out, std::vector<float>& scores) {
+                 int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t D, int64_t kvh,
+                 float scale, T* out, std::vector<float>& scores) {
   const int64_t row = hkv * D;  // one slot of a cache: Hkv * D values
   scores.resize(static_cast<size_t>(group * len));
   std::vector<float> qf(static_cast<size_t>(group * D)), acc(static_cast<size_t>(group * D), 0.f);
-  alignas(64) float kt[D * CHUNK];
-  alignas(64) float vf[D];
+  std::vector<float> kt_buf(static_cast<size_t>(D * CHUNK)), vf_buf(static_cast<size_t>(D));
+  float* kt = kt_buf.data();
+  float* vf = vf_buf.data();
   for (int64_t g = 0; g < group; ++g) {
     to_float(q + (kvh * group + g) * D, qf.data() + g * D, D);
     for (int64_t i = 0; i < D; ++i) qf[g * D + i] *= scale;
@@ -190,7 +190,7 @@ void decode_task(const T* q, const T* k_cache, const T* v_cache, const int32_t* 
         for (int64_t i = 0; i < D; ++i) kt[i * CHUNK + j] = 0.f;
       }
     }
-    score_chunk<D>(qf.data(), kt, group, scores.data() + t0, len, n);
+    score_chunk(qf.data(), kt, group, D, scores.data() + t0, len, n);
   }
   softmax_rows(scores.data(), group, len);
   for (int64_t t = 0; t < len; ++t) {
@@ -209,6 +209,7 @@ void decode_task(const T* q, const T* k_cache, const T* v_cache, const int32_t* 
   }
 }
 
+// D: the head dim as a compile-time constant for the vector path, or 0 (any head dim).
 template <typename T, int64_t D>
 void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
             const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale,
@@ -226,13 +227,18 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / hkv, kvh = task % hkv;
+      const T* qb = qp + b * hq * d;
+      T* ob = op + b * hq * d;
+      const float sc = static_cast<float>(scale);
 #ifdef __AVX512F__
-      decode_task_avx512<T, D>(qp + b * hq * d, kp, vp, tables + b * width, lens[b], bs, hkv, group,
-                               kvh, static_cast<float>(scale), op + b * hq * d, scores);
-#else
-      decode_task<T, D>(qp + b * hq * d, kp, vp, tables + b * width, lens[b], bs, hkv, group,
-                        kvh, static_cast<float>(scale), op + b * hq * d, scores);
+      if constexpr (D > 0) {
+        decode_task_avx512<T, D>(qb, kp, vp, tables + b * width, lens[b], bs, hkv, group, kvh, sc,
+                                 ob, scores);
+        continue;
+      }
 #endif
+      decode_task<T>(qb, kp, vp, tables + b * width, lens[b], bs, hkv, group, d, kvh, sc, ob,
+                     scores);
     }
   });
 }
@@ -270,7 +276,8 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
     case 128: dispatch_dtype<128>(qc, k_cache, v_cache, tables, lens, scale, out); break;
     case 32: dispatch_dtype<32>(qc, k_cache, v_cache, tables, lens, scale, out); break;
     case 256: dispatch_dtype<256>(qc, k_cache, v_cache, tables, lens, scale, out); break;
-    default: TORCH_CHECK(false, "paged_decode: head_dim 32, 64, 128 or 256 only");
+    case 16: dispatch_dtype<16>(qc, k_cache, v_cache, tables, lens, scale, out); break;
+    default: dispatch_dtype<0>(qc, k_cache, v_cache, tables, lens, scale, out); break;
   }
   return out;
 }
