@@ -7,7 +7,8 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
-from types import ModuleType
+
+import torch
 
 log = logging.getLogger(__name__)
 
@@ -16,12 +17,33 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp-simd"]
 
 
 @functools.cache
-def load_native() -> ModuleType | None:
-    """The compiled module (paged_decode), or None when it cannot be built here."""
+def load_native() -> NativeKernels | None:
+    """The compiled kernels (built once per machine), or None when they cannot be built here."""
     try:
         from torch.utils.cpp_extension import load
 
-        return load(name="radixcache_attention", sources=[str(SOURCE)], extra_cflags=CFLAGS)
+        load(
+            name="radixcache_attention",
+            sources=[str(SOURCE)],
+            extra_cflags=CFLAGS,
+            is_python_module=False,
+        )
     except Exception as exc:  # no compiler, no ninja, a build error: the torch path still works
         log.warning("native attention kernel unavailable, using the torch path: %s", exc)
         return None
+    return NativeKernels()
+
+
+class NativeKernels:
+    """The ops the extension registers (torch.ops.radixcache.*)."""
+
+    @staticmethod
+    def paged_decode(
+        q: torch.Tensor,  # [N, Hq, D]: one new token per sequence
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] (contiguous)
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,  # int32 [N, max_blocks]
+        seq_lens: torch.Tensor,  # int32 [N]: keys [0, seq_len) of each sequence
+        scale: float,
+    ) -> torch.Tensor:  # [N, Hq, D]
+        return torch.ops.radixcache.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)

@@ -10,11 +10,11 @@ reading each sequence's keys in place.
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
+from torch.profiler import record_function
 
 from engine.attention.metadata import AttentionMetadata
+from engine.attention.native import NativeKernels
 from engine.attention.torch_plan import (
     BlockRun,
     CausalBatch,
@@ -76,9 +76,9 @@ def merge(o1, lse1, o2, lse2) -> torch.Tensor:
 
 
 class TorchAttention:
-    """native: the compiled kernels' module (load_native()), or None for the pure-torch path."""
+    """native: the compiled kernels (load_native()), or None for the pure-torch path."""
 
-    def __init__(self, native: ModuleType | None = None) -> None:
+    def __init__(self, native: NativeKernels | None = None) -> None:
         self.native = native
 
     def plan(self, meta: AttentionMetadata) -> TorchPlan:
@@ -94,6 +94,10 @@ class TorchAttention:
         plan: TorchPlan,
         scale: float,
     ) -> torch.Tensor:
+        with record_function("attention"):
+            return self._forward(q, k, v, k_cache, v_cache, plan, scale)
+
+    def _forward(self, q, k, v, k_cache, v_cache, plan: TorchPlan, scale: float) -> torch.Tensor:
         # q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]
         write_kv(k, v, k_cache, v_cache, plan.slot_mapping)
         t, hq, _ = q.shape

@@ -5,7 +5,8 @@
 // seq_lens int32 [N] -> out [N, Hq, D]. One task per (sequence, kv head): its G = Hq / Hkv query
 // heads share every key and value row it loads. Scores and sums are float32.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <torch/library.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
@@ -95,38 +96,52 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// The same task as decode_task below, with 16-float vectors: each key row is loaded once
-// (D / 16 vectors) and dotted with the G query heads.
+inline void prefetch_row(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+}
+
+// One sequence, kv heads [h0, h1), with 16-float vectors: each slot's rows of those heads are
+// contiguous, so a task streams through whole blocks; every key row is loaded once and dotted
+// with its G query heads. The row one block ahead is prefetched (blocks are scattered).
 template <typename T, int64_t D>
 void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
-                        int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t kvh,
-                        float scale, T* out, std::vector<float>& scores) {
+                        int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t h0,
+                        int64_t h1, float scale, T* out, std::vector<float>& scores) {
   constexpr int64_t V = D / 16;  // vectors per row
   const int64_t row = hkv * D;
-  scores.resize(static_cast<size_t>(group * len));
-  std::vector<__m512> qv(static_cast<size_t>(group * V)), acc(static_cast<size_t>(group * V));
-  for (int64_t g = 0; g < group; ++g)
+  const int64_t heads = (h1 - h0) * group;  // query heads of this task
+  const int64_t span_bytes = (h1 - h0) * D * static_cast<int64_t>(sizeof(T));
+  scores.resize(static_cast<size_t>(heads * len));
+  std::vector<__m512> qv(static_cast<size_t>(heads * V)), acc(static_cast<size_t>(heads * V));
+  for (int64_t j = 0; j < heads; ++j)
     for (int64_t c = 0; c < V; ++c) {
-      qv[g * V + c] = _mm512_mul_ps(load16(q + (kvh * group + g) * D + c * 16),
+      qv[j * V + c] = _mm512_mul_ps(load16(q + (h0 * group + j) * D + c * 16),
                                     _mm512_set1_ps(scale));
-      acc[g * V + c] = _mm512_setzero_ps();
+      acc[j * V + c] = _mm512_setzero_ps();
     }
-  std::vector<float> maxes(static_cast<size_t>(group), -std::numeric_limits<float>::infinity());
+  std::vector<float> maxes(static_cast<size_t>(heads), -std::numeric_limits<float>::infinity());
+  auto slot_of = [&](int64_t t) { return static_cast<int64_t>(table[t / bs]) * bs + t % bs; };
   for (int64_t t = 0; t < len; ++t) {
-    const T* kr = k_cache + (static_cast<int64_t>(table[t / bs]) * bs + t % bs) * row + kvh * D;
-    __m512 k[V];
-    for (int64_t c = 0; c < V; ++c) k[c] = load16(kr + c * 16);
-    for (int64_t g = 0; g < group; ++g) {
-      __m512 a = _mm512_mul_ps(qv[g * V], k[0]);
-      for (int64_t c = 1; c < V; ++c) a = _mm512_fmadd_ps(qv[g * V + c], k[c], a);
-      const float sc = _mm512_reduce_add_ps(a);
-      scores[g * len + t] = sc;
-      maxes[g] = std::max(maxes[g], sc);
+    const int64_t slot = slot_of(t);
+    if (t + bs < len) prefetch_row(k_cache + slot_of(t + bs) * row + h0 * D, span_bytes);
+    for (int64_t h = h0; h < h1; ++h) {
+      const T* kr = k_cache + slot * row + h * D;
+      __m512 k[V];
+      for (int64_t c = 0; c < V; ++c) k[c] = load16(kr + c * 16);
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t j = (h - h0) * group + g;
+        __m512 a = _mm512_mul_ps(qv[j * V], k[0]);
+        for (int64_t c = 1; c < V; ++c) a = _mm512_fmadd_ps(qv[j * V + c], k[c], a);
+        const float sc = _mm512_reduce_add_ps(a);
+        scores[j * len + t] = sc;
+        maxes[j] = std::max(maxes[j], sc);
+      }
     }
   }
-  for (int64_t g = 0; g < group; ++g) {
-    float* sg = scores.data() + g * len;
-    const __m512 m = _mm512_set1_ps(maxes[g]);
+  for (int64_t j = 0; j < heads; ++j) {
+    float* sg = scores.data() + j * len;
+    const __m512 m = _mm512_set1_ps(maxes[j]);
     __m512 sum = _mm512_setzero_ps();
     int64_t t = 0;
     for (; t + 16 <= len; t += 16) {
@@ -140,23 +155,28 @@ void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const in
       _mm512_mask_storeu_ps(sg + t, mask, e);
       sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(mask, e));
     }
-    maxes[g] = 1.f / _mm512_reduce_add_ps(sum);  // now the normaliser
+    maxes[j] = 1.f / _mm512_reduce_add_ps(sum);  // now the normaliser
   }
   for (int64_t t = 0; t < len; ++t) {
-    const T* vr = v_cache + (static_cast<int64_t>(table[t / bs]) * bs + t % bs) * row + kvh * D;
-    __m512 v[V];
-    for (int64_t c = 0; c < V; ++c) v[c] = load16(vr + c * 16);
-    for (int64_t g = 0; g < group; ++g) {
-      const __m512 p = _mm512_set1_ps(scores[g * len + t]);
-      for (int64_t c = 0; c < V; ++c) acc[g * V + c] = _mm512_fmadd_ps(p, v[c], acc[g * V + c]);
+    const int64_t slot = slot_of(t);
+    if (t + bs < len) prefetch_row(v_cache + slot_of(t + bs) * row + h0 * D, span_bytes);
+    for (int64_t h = h0; h < h1; ++h) {
+      const T* vr = v_cache + slot * row + h * D;
+      __m512 v[V];
+      for (int64_t c = 0; c < V; ++c) v[c] = load16(vr + c * 16);
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t j = (h - h0) * group + g;
+        const __m512 p = _mm512_set1_ps(scores[j * len + t]);
+        for (int64_t c = 0; c < V; ++c) acc[j * V + c] = _mm512_fmadd_ps(p, v[c], acc[j * V + c]);
+      }
     }
   }
   alignas(64) float tmp[16];
-  for (int64_t g = 0; g < group; ++g) {
-    T* o = out + (kvh * group + g) * D;
-    const __m512 inv = _mm512_set1_ps(maxes[g]);
+  for (int64_t j = 0; j < heads; ++j) {
+    T* o = out + (h0 * group + j) * D;
+    const __m512 inv = _mm512_set1_ps(maxes[j]);
     for (int64_t c = 0; c < V; ++c) {
-      _mm512_store_ps(tmp, _mm512_mul_ps(acc[g * V + c], inv));
+      _mm512_store_ps(tmp, _mm512_mul_ps(acc[j * V + c], inv));
       for (int64_t i = 0; i < 16; ++i) o[c * 16 + i] = static_cast<T>(tmp[i]);
     }
   }
@@ -223,22 +243,27 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, n * hkv, 1, [&](int64_t begin, int64_t end) {
+  // a task is one sequence (all kv heads: whole slots stream in); with few sequences, one kv
+  // head of one sequence, so every thread has work
+  const int64_t split = n >= 2 * at::get_num_threads() ? 1 : hkv;
+  const int64_t per_task = hkv / split;
+  at::parallel_for(0, n * split, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / hkv, kvh = task % hkv;
+      const int64_t b = task / split, h0 = (task % split) * per_task;
       const T* qb = qp + b * hq * d;
       T* ob = op + b * hq * d;
       const float sc = static_cast<float>(scale);
 #ifdef __AVX512F__
       if constexpr (D > 0) {
-        decode_task_avx512<T, D>(qb, kp, vp, tables + b * width, lens[b], bs, hkv, group, kvh, sc,
-                                 ob, scores);
+        decode_task_avx512<T, D>(qb, kp, vp, tables + b * width, lens[b], bs, hkv, group, h0,
+                                 h0 + per_task, sc, ob, scores);
         continue;
       }
 #endif
-      decode_task<T>(qb, kp, vp, tables + b * width, lens[b], bs, hkv, group, d, kvh, sc, ob,
-                     scores);
+      for (int64_t kvh = h0; kvh < h0 + per_task; ++kvh)
+        decode_task<T>(qb, kp, vp, tables + b * width, lens[b], bs, hkv, group, d, kvh, sc, ob,
+                       scores);
     }
   });
 }
@@ -284,6 +309,11 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
+// A dispatcher op (torch.ops.radixcache.paged_decode): visible to the profiler and to
+// torch.compile as one opaque call.
+TORCH_LIBRARY(radixcache, m) {
+  m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor seq_lens, float scale) -> Tensor");
 }
+
+TORCH_LIBRARY_IMPL(radixcache, CPU, m) { m.impl("paged_decode", &paged_decode); }
