@@ -37,6 +37,7 @@ from benchmarks.workloads import (
 )
 from engine.attention import make_attention_backend
 from engine.config import EngineConfig
+from engine.dtypes import torch_dtype
 from engine.llm_engine import LLMEngine
 from engine.sampling import SamplingParams
 
@@ -225,7 +226,7 @@ def bench_transformers(model: Path, dtype: str, workload: str, vocab: int, limit
         def end(self) -> None:
             pass
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype(dtype))
     hf.eval()
     service: list[float] = []  # seconds per request
     first: list[float] = []  # seconds from a request's start to its first token
@@ -390,7 +391,7 @@ def main() -> None:
     for workload in args.workloads:
         for dtype in args.dtypes:
             for caching in (mode == "on" for mode in args.modes):
-                for rep in range(args.repeat):
+                for _rep in range(args.repeat):
                     ours = bench_engine(model, dtype, caching, workload, vocab).summary()
                     rows.append(ours)
                     print_table(rows[-1:])

@@ -21,6 +21,7 @@ import torch
 
 from benchmarks.results_io import write_results
 from engine.attention import build_attention_metadata, compute_positions
+from engine.dtypes import torch_dtype
 from engine.loader import ensure_default_model, load_model
 
 BLOCK = 16
@@ -112,7 +113,7 @@ def main() -> None:
     path = ensure_default_model()
     rows = []
     for dtype_name in args.dtypes.split(","):
-        model = load_model(path, getattr(torch, dtype_name), "cpu")
+        model = load_model(path, torch_dtype(dtype_name), "cpu")
         kv = model.make_kv_cache(num_blocks=1200, block_size=BLOCK)
         kv.normal_()
         for name in args.workloads.split(","):
