@@ -61,6 +61,9 @@ class Row:
     step_overhead_ms: float | None = None
     steps: int | None = None
     decode_step_ms: float | None = None  # mean forward time of steps with only decode tokens
+    cpu_s: float | None = (
+        None  # CPU seconds of this process (all threads): robust to a busy machine
+    )
     note: str = ""
 
     def summary(self) -> dict:
@@ -145,9 +148,9 @@ def bench_engine(model: Path, dtype: str, caching: bool, workload: str, vocab: i
     engine = make_engine(model, dtype, caching)
     warm(engine, vocab)
     before = engine.stats.snapshot()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     ttfts, prompt_tokens, out_tokens, ideal = run_workload(engine, workload, vocab)
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     after = engine.stats.snapshot()
     steps = after["num_steps"] - before["num_steps"]
     overhead = after["python_overhead"] - before["python_overhead"]
@@ -167,6 +170,7 @@ def bench_engine(model: Path, dtype: str, caching: bool, workload: str, vocab: i
         1000 * overhead / max(1, steps),
         steps,
         1000 * statistics.fmean(decode) if decode else None,
+        cpu,
     )
 
 
@@ -289,8 +293,8 @@ def profile_engine(model: Path, dtype: str, workload: str, vocab: int) -> dict:
     t0 = time.perf_counter()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         run_workload(engine, workload, vocab, step_range=True)
-    wall = time.perf_counter() - t0
-    cpu = time.process_time() - cpu0
+        wall = time.perf_counter() - t0  # before the profiler's own post-processing
+        cpu = time.process_time() - cpu0
     b = breakdown(prof.events(), wall)
     c = engine.model.config
     linear_params = (
@@ -357,7 +361,7 @@ def print_table(rows: list[dict]) -> None:
     head = (
         f"{'workload':8} {'system':30} {'dtype':8} {'total s':>8} {'vs vLLM':>7} {'out tok/s':>9} "
         f"{'TTFT mean/p50/p99 s':>19} {'decode ms':>9} {'prefill computed/ideal':>22} {'hit':>6} "
-        f"{'py ms/step':>10}"
+        f"{'py ms/step':>10} {'cpu s':>7}"
     )
     print(head)
     print("-" * len(head))
@@ -371,9 +375,10 @@ def print_table(rows: list[dict]) -> None:
         tps = f"{r['output_tok_s']:.1f}" if r.get("output_tok_s") else "-"
         dec = f"{r['decode_step_ms']:.1f}" if r.get("decode_step_ms") else "-"
         ratio = f"{r['ratio_vs_vllm']:.2f}" if r.get("ratio_vs_vllm") else "-"
+        cpu = f"{r['cpu_s']:.1f}" if r.get("cpu_s") else "-"
         print(
             f"{r['workload']:8} {r['system']:30} {r['dtype']:8} {r['total_s']:8.2f} {ratio:>7} "
-            f"{tps:>9} {ttft:>19} {dec:>9} {pre:>22} {hit:>6} {ovh:>10}"
+            f"{tps:>9} {ttft:>19} {dec:>9} {pre:>22} {hit:>6} {ovh:>10} {cpu:>7}"
             + (f"  ({r['note']})" if r["note"] else "")
         )
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #ifdef __AVX512F__
@@ -96,6 +97,48 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// 16 vectors -> one vector whose lane i is the sum of v[i]'s 16 lanes.
+inline __m512 reduce16(const __m512* v) {
+  __m512 b[8], c[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3]
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane sums of 4 vectors
+    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // c[i] lane L holds vectors 4i..4i+3's sums over lane L: add the four lanes up
+  const __m512 f0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 f1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(f0, f1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(f0, f1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// q . k as 16 partial sums (reduced later): qv holds q as float vectors, qraw the raw row. With
+// AVX512-BF16, bfloat16 rows are multiplied pairwise in place (exact products, float sums).
+template <typename T, int64_t D>
+inline __m512 dot_parts(const __m512* qv, const T* qraw, const T* kr) {
+#ifdef __AVX512BF16__
+  if constexpr (std::is_same_v<T, c10::BFloat16> && D % 32 == 0) {
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D / 32; ++c) {
+      const __m512i qb = _mm512_loadu_si512(qraw + c * 32);
+      const __m512i kb = _mm512_loadu_si512(kr + c * 32);
+      a = _mm512_dpbf16_ps(a, reinterpret_cast<const __m512bh&>(qb),
+                           reinterpret_cast<const __m512bh&>(kb));
+    }
+    return a;
+  }
+#endif
+  (void)qraw;
+  __m512 a = _mm512_mul_ps(qv[0], load16(kr));
+  for (int64_t c = 1; c < D / 16; ++c) a = _mm512_fmadd_ps(qv[c], load16(kr + c * 16), a);
+  return a;
+}
+
 inline void prefetch_row(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
@@ -116,29 +159,39 @@ void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const in
   std::vector<__m512> qv(static_cast<size_t>(heads * V)), acc(static_cast<size_t>(heads * V));
   for (int64_t j = 0; j < heads; ++j)
     for (int64_t c = 0; c < V; ++c) {
-      qv[j * V + c] = _mm512_mul_ps(load16(q + (h0 * group + j) * D + c * 16),
-                                    _mm512_set1_ps(scale));
+      qv[j * V + c] = load16(q + (h0 * group + j) * D + c * 16);
       acc[j * V + c] = _mm512_setzero_ps();
     }
   std::vector<float> maxes(static_cast<size_t>(heads), -std::numeric_limits<float>::infinity());
   auto slot_of = [&](int64_t t) { return static_cast<int64_t>(table[t / bs]) * bs + t % bs; };
-  for (int64_t t = 0; t < len; ++t) {
-    const int64_t slot = slot_of(t);
-    if (t + bs < len) prefetch_row(k_cache + slot_of(t + bs) * row + h0 * D, span_bytes);
-    for (int64_t h = h0; h < h1; ++h) {
-      const T* kr = k_cache + slot * row + h * D;
-      __m512 k[V];
-      for (int64_t c = 0; c < V; ++c) k[c] = load16(kr + c * 16);
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t j = (h - h0) * group + g;
-        __m512 a = _mm512_mul_ps(qv[j * V], k[0]);
-        for (int64_t c = 1; c < V; ++c) a = _mm512_fmadd_ps(qv[j * V + c], k[c], a);
-        const float sc = _mm512_reduce_add_ps(a);
-        scores[j * len + t] = sc;
-        maxes[j] = std::max(maxes[j], sc);
+  // scores of 16 keys at a time: one partial-sum vector per (key, query head), then one
+  // transposing reduction gives the 16 scores of a head as one vector
+  std::vector<__m512> parts(static_cast<size_t>(heads * CHUNK));
+  std::vector<__m512> top(static_cast<size_t>(heads), _mm512_set1_ps(-INFINITY));
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t t0 = 0; t0 < len; t0 += CHUNK) {
+    const int64_t n = std::min(CHUNK, len - t0);
+    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+    for (int64_t i = 0; i < CHUNK; ++i) {
+      const int64_t t = t0 + i;
+      if (t + bs < len) prefetch_row(k_cache + slot_of(t + bs) * row + h0 * D, span_bytes);
+      for (int64_t h = h0; h < h1; ++h) {
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t j = (h - h0) * group + g;
+          parts[j * CHUNK + i] =
+              i < n ? dot_parts<T, D>(qv.data() + j * V, q + (h0 * group + j) * D,
+                                      k_cache + slot_of(t) * row + h * D)
+                    : _mm512_setzero_ps();
+        }
       }
     }
+    for (int64_t j = 0; j < heads; ++j) {
+      const __m512 sc = _mm512_mul_ps(reduce16(parts.data() + j * CHUNK), vscale);
+      _mm512_mask_storeu_ps(scores.data() + j * len + t0, valid, sc);
+      top[j] = _mm512_mask_max_ps(top[j], valid, top[j], sc);
+    }
   }
+  for (int64_t j = 0; j < heads; ++j) maxes[j] = _mm512_reduce_max_ps(top[j]);
   for (int64_t j = 0; j < heads; ++j) {
     float* sg = scores.data() + j * len;
     const __m512 m = _mm512_set1_ps(maxes[j]);
