@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from engine.attention import build_attention_metadata, compute_positions
+from engine.attention import build_attention_metadata, compute_positions, make_attention_backend
 from engine.loader import load_model
 from engine.models.config import ModelConfig
 from engine.models.rope import rope_inv_freq
@@ -98,6 +98,20 @@ def test_chunked_prefill_and_decode_logits_match(pair):
     ids = torch.randint(0, 160, (30,), generator=torch.Generator().manual_seed(2)).tolist()
     steps = [ids[:7], ids[7:9], ids[9:21], *[[t] for t in ids[21:]]]
     assert_close(run_steps(ours, steps), hf_logits(hf, ids))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-decode", "torch"])
+def test_both_cpu_attention_paths_match_transformers(pair, native):
+    """The native decode kernel and the pure-torch path (its fallback) over the same steps."""
+    hf, ours = pair
+    ids = torch.randint(0, 160, (26,), generator=torch.Generator().manual_seed(4)).tolist()
+    default = ours.attention
+    ours.attention = make_attention_backend("cpu", native=native)
+    try:
+        assert (ours.attention.native is not None) == native
+        assert_close(run_steps(ours, [ids[:13], *[[t] for t in ids[13:]]]), hf_logits(hf, ids))
+    finally:
+        ours.attention = default
 
 
 def test_greedy_generation_matches_transformers(pair):
