@@ -115,7 +115,10 @@ def make_engine(model: Path, dtype: str, caching: bool) -> LLMEngine:
     )
     engine = LLMEngine(config)
     if args.attention != "auto":  # the one backend object the model (and so the runner) uses
-        engine.model.attention = make_attention_backend("cpu", native=args.attention == "native")
+        model = engine.model
+        kind = {"native": True, "native-decode": True, "torch": False}[args.attention]
+        dtype = model.dtype if args.attention == "native" else None  # None: no native prefill
+        model.attention = make_attention_backend("cpu", kind, dtype, model.config.head_dim)
     return engine
 
 

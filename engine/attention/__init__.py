@@ -35,10 +35,15 @@ class AttentionBackend(Protocol):
 
 
 def make_attention_backend(
-    device: torch.device | str, native: bool | None = None
+    device: torch.device | str,
+    native: bool | None = None,
+    dtype: torch.dtype | None = None,
+    head_dim: int | None = None,
 ) -> AttentionBackend:
-    """Triton kernels on CUDA; on CPU the torch backend, with the native decode kernel when
-    native is True (required) or None (when it builds here); native=False: pure torch."""
+    """Triton kernels on CUDA; on CPU the torch backend, with the native kernels when native is
+    True (required) or None (when they build here); native=False: pure torch. The native prefill
+    kernel computes in bfloat16: it serves bfloat16 models (dtype) of a supported head_dim on
+    CPUs with AVX512-BF16; float32 keeps the torch prefill path (exact parity tests)."""
     if torch.device(device).type == "cuda":
         from engine.attention.triton_backend import TritonAttention
 
@@ -46,7 +51,13 @@ def make_attention_backend(
     module = load_native() if native is not False else None
     if native and module is None:
         raise RuntimeError("the native attention kernel could not be built on this machine")
-    return TorchAttention(module)
+    prefill = (
+        module is not None
+        and dtype == torch.bfloat16
+        and head_dim in module.PREFILL_HEAD_DIMS
+        and module.has_bf16_prefill()
+    )
+    return TorchAttention(module, native_prefill=prefill)
 
 
 __all__ = [

@@ -37,6 +37,29 @@ def load_native() -> NativeKernels | None:
 class NativeKernels:
     """The ops the extension registers (torch.ops.radixcache.*)."""
 
+    PREFILL_HEAD_DIMS = (32, 64, 128)
+
+    @staticmethod
+    def has_bf16_prefill() -> bool:
+        """paged_prefill exists only where the CPU has AVX512-BF16 (it computes in bf16 pairs)."""
+        return bool(torch.ops.radixcache.has_bf16_prefill())
+
+    @staticmethod
+    def paged_prefill(
+        q: torch.Tensor,  # [T, Hq, D] bfloat16 (each token's heads contiguous)
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,  # [T, Hq, D]: rows of the listed sequences are written
+        q_starts: torch.Tensor,  # int32 [N]: first row of each sequence's new tokens
+        q_lens: torch.Tensor,  # int32 [N]
+        seq_lens: torch.Tensor,  # int32 [N]: new token i sits at seq_len - q_len + i
+        block_tables: torch.Tensor,  # int32 [N, max_blocks]
+        scale: float,
+    ) -> None:
+        torch.ops.radixcache.paged_prefill(
+            q, k_cache, v_cache, out, q_starts, q_lens, seq_lens, block_tables, scale
+        )
+
     @staticmethod
     def paged_decode(
         q: torch.Tensor,  # [N, Hq, D]: one new token per sequence

@@ -76,13 +76,18 @@ def merge(o1, lse1, o2, lse2) -> torch.Tensor:
 
 
 class TorchAttention:
-    """native: the compiled kernels (load_native()), or None for the pure-torch path."""
+    """native: the compiled kernels (load_native()), or None for the pure-torch path.
+    native_prefill: prefill chunks go to the native kernel too (bfloat16 models on CPUs with
+    AVX512-BF16; see make_attention_backend)."""
 
-    def __init__(self, native: NativeKernels | None = None) -> None:
+    def __init__(self, native: NativeKernels | None = None, native_prefill: bool = False) -> None:
+        if native_prefill and native is None:
+            raise ValueError("native_prefill needs the native kernels")
         self.native = native
+        self.native_prefill = native_prefill
 
     def plan(self, meta: AttentionMetadata) -> TorchPlan:
-        return build_torch_plan(meta, native_decode=self.native is not None)
+        return build_torch_plan(meta, self.native is not None, self.native_prefill)
 
     def forward(
         self,
@@ -110,6 +115,11 @@ class TorchAttention:
             out[seg.start : seg.end] = o
             if lse is not None:
                 lse[seg.start : seg.end] = seg_lse
+        if plan.native_prefill is not None:
+            p = plan.native_prefill
+            self.native.paged_prefill(
+                q, k_cache, v_cache, out, p.q_starts, p.q_lens, p.seq_lens, p.block_tables, scale
+            )
         if isinstance(plan.decode, NativeDecode):
             self._native_decode(q, k_cache, v_cache, plan.decode, scale, out)
         elif plan.decode is not None:

@@ -104,6 +104,17 @@ class NativeDecode:
 
 
 @dataclass
+class NativePrefill:
+    """Every sequence with more than one new token, for the native bf16 kernel: each attends all
+    its keys (cached and new, causal) in place through its block table."""
+
+    q_starts: torch.Tensor  # int32 [N]
+    q_lens: torch.Tensor  # int32 [N]
+    seq_lens: torch.Tensor  # int32 [N]
+    block_tables: torch.Tensor  # int32 [N, max_blocks]
+
+
+@dataclass
 class TorchPlan:
     """The torch backend's view of one step, built once from the metadata and read by every
     layer: shared prefixes, batched fresh prefills, per-sequence prefill segments, decode."""
@@ -113,6 +124,7 @@ class TorchPlan:
     causal: list[CausalBatch] = field(default_factory=list)
     prefills: list[PrefillSegment] = field(default_factory=list)
     decode: DecodePlan | NativeDecode | None = None
+    native_prefill: NativePrefill | None = None
 
 
 def _shared_prefixes(
@@ -205,12 +217,36 @@ def _native_decode(decodes, cu, meta: AttentionMetadata, device) -> NativeDecode
     )
 
 
-def build_torch_plan(meta: AttentionMetadata, native_decode: bool) -> TorchPlan:
+def _native_prefill(prefills: list[int], cu, meta: AttentionMetadata, device) -> NativePrefill:
+    index = torch.from_numpy(np.asarray(prefills, dtype=np.int64)).to(device)
+    lens = np.asarray([meta.query_lens[b] for b in prefills], dtype=np.int32)
+    return NativePrefill(
+        q_starts=torch.from_numpy(cu[prefills].astype(np.int32)).to(device),
+        q_lens=torch.from_numpy(lens).to(device),
+        seq_lens=meta.seq_lens.index_select(0, index),
+        block_tables=meta.block_tables.index_select(0, index),
+    )
+
+
+def build_torch_plan(
+    meta: AttentionMetadata, native_decode: bool, native_prefill: bool = False
+) -> TorchPlan:
     """native_decode: decode tokens go to the native kernel (all their keys, in place) and take
-    no part in shared-prefix groups; otherwise they are batched, gathered and masked in torch."""
+    no part in shared-prefix groups; otherwise they are batched, gathered and masked in torch.
+    native_prefill: so do the sequences with more than one new token (the bf16 kernel)."""
     query_lens, seq_lens, bs = meta.query_lens, meta.seq_lens_list, meta.block_size
     tables, device = meta.block_tables_list, meta.slot_mapping.device
     plan = TorchPlan(meta.slot_mapping)
+    if native_prefill:
+        cu = np.zeros(len(query_lens) + 1, dtype=np.int64)
+        np.cumsum(query_lens, out=cu[1:])
+        decodes = [b for b, n in enumerate(query_lens) if n == 1]
+        prefills = [b for b, n in enumerate(query_lens) if n > 1]
+        if prefills:
+            plan.native_prefill = _native_prefill(prefills, cu, meta, device)
+        if decodes:
+            plan.decode = _native_decode(decodes, cu, meta, device)
+        return plan
     key_starts, groups = _shared_prefixes(
         query_lens, seq_lens, tables, bs, min_query_len=2 if native_decode else 1
     )

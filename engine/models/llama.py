@@ -132,7 +132,9 @@ class LlamaForCausalLM(nn.Module):
         )
         self.packed_lm_head: torch.Tensor | None = None
         self.rope = RotaryEmbedding(config, dtype, device)
-        self.attention = attention or make_attention_backend(device)
+        self.attention = attention or make_attention_backend(
+            device, dtype=dtype, head_dim=config.head_dim
+        )
 
     @torch.inference_mode()
     def forward(

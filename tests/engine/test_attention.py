@@ -90,8 +90,8 @@ def native_module():
     return module
 
 
-def run_case(case, dtype=torch.float32, ordered=False, native=None):
-    """native: None (pure torch) or the compiled module."""
+def run_case(case, dtype=torch.float32, ordered=False, native=None, native_prefill=False):
+    """native: None (pure torch) or the compiled kernels; native_prefill: bf16 prefill kernel."""
     query_lens, prefix_lens, bs, hq, hkv, d, groups = case
     q, k, v, k_cache, v_cache, tables, full_k, full_v = make_batch(
         len(query_lens), query_lens, prefix_lens, bs, hq, hkv, d, groups, ordered
@@ -100,7 +100,7 @@ def run_case(case, dtype=torch.float32, ordered=False, native=None):
     meta = build_attention_metadata(query_lens, seq_lens, tables, bs)
     scale = d**-0.5
     args = [x.to(dtype) for x in (q, k, v, k_cache, v_cache)]
-    backend = TorchAttention(native)
+    backend = TorchAttention(native, native_prefill)
     plan = backend.plan(meta)
     out = backend.forward(*args, plan, scale)
     ref = dense_reference(q, full_k, full_v, query_lens, scale)
@@ -181,3 +181,27 @@ def test_metadata_positions_and_slots():
     assert plan.decode is not None and plan.decode.rows.tolist() == [3]
     assert [(b.rows, b.n, b.length) for b in plan.causal] == [(slice(0, 3), 1, 3)]
     assert [(s.start, s.end, s.ctx_len) for s in plan.prefills] == [(4, 6, 9)]
+
+
+PREFILL_CASES = [c for c in CASES if c[5] in (32, 64, 128)] + [
+    ([64, 1, 64, 30], [112, 127, 118, 0], 16, 9, 3, 64, [0, 0, 0, None]),  # shared-prefix chunks
+    ([100], [0], 16, 9, 3, 64, None),  # a fresh prompt: several query tiles, causal
+]
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=[f"case{i}" for i in range(len(PREFILL_CASES))])
+def test_native_prefill_bfloat16_close_to_reference(case):
+    native = native_module()
+    assert native.has_bf16_prefill(), "this machine kind has AVX512-BF16"
+    out, ref, plan, (_, k, _, k_cache, _) = run_case(
+        case, torch.bfloat16, native=native, native_prefill=True
+    )
+    torch.testing.assert_close(out.float(), ref, rtol=3e-2, atol=3e-2)
+    assert not plan.shared and not plan.causal and not plan.prefills
+    prefill_lens = [n for n in case[0] if n > 1]
+    if prefill_lens:
+        assert plan.native_prefill.q_lens.tolist() == prefill_lens
+    else:
+        assert plan.native_prefill is None
+    hkv, d = k.shape[1:]
+    torch.testing.assert_close(k_cache.view(-1, hkv, d)[plan.slot_mapping], k)

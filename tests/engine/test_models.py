@@ -203,3 +203,23 @@ def test_rope_inv_freq_matches_transformers(rope):
         ref, ref_scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf_config, "cpu")
     torch.testing.assert_close(ours, ref.float())
     assert scaling == pytest.approx(ref_scaling)
+
+
+def test_native_bfloat16_prefill_and_decode_track_the_float32_reference(tmp_path):
+    """bf16 serving path (native prefill + decode kernels) against transformers in float32."""
+    cls, extra = CONFIGS["qwen3"]  # head_dim 32: the native prefill kernel serves it
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(cls(**TINY, **extra), dtype=torch.float32)
+    randomize(hf)
+    hf.save_pretrained(tmp_path)
+    ours = load_model(tmp_path, torch.bfloat16, "cpu")
+    assert ours.attention.native_prefill and ours.attention.native is not None
+    ids = torch.randint(0, 160, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    logits = run_steps(ours, [ids[:17], ids[17:30], *[[t] for t in ids[30:]]]).float()
+    ref = hf_logits(hf.eval(), ids)
+    scale = ref.abs().max().item()
+    torch.testing.assert_close(logits, ref, rtol=0.0, atol=0.08 * scale)
+    # the same steps through the pure-torch path agree as closely
+    ours.attention = make_attention_backend("cpu", native=False)
+    torch_logits = run_steps(ours, [ids[:17], ids[17:30], *[[t] for t in ids[30:]]]).float()
+    torch.testing.assert_close(logits, torch_logits, rtol=0.0, atol=0.08 * scale)

@@ -360,6 +360,186 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
   return out;
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+// Paged prefill attention, bfloat16 with AVX512-BF16 (flash-style, online softmax): the new
+// tokens [q_start, q_start + q_len) of a sequence attend its keys [0, seq_len) causally (token i
+// sits at position seq_len - q_len + i), read in place through its block table. A task is one
+// sequence, one kv head and a tile of up to TILE tokens (x G query heads); each block of 16 keys
+// is repacked once per task into pair-interleaved layout so that one vdpbf16ps computes 16
+// scores' worth of two head dims: scores [16 keys] += q[2p, 2p+1] . k[:, 2p, 2p+1].
+constexpr int64_t TILE = 32;
+constexpr int64_t R = 4;  // query vectors scored together
+
+template <int64_t D>
+void prefill_task(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16* k_cache,
+                  const c10::BFloat16* v_cache, c10::BFloat16* out, int64_t o_stride,
+                  const int32_t* table,
+                  int64_t bs, int64_t hkv, int64_t group, int64_t kvh, int64_t first_pos,
+                  int64_t ntok, int64_t seq_len, float scale) {
+  constexpr int64_t P = D / 2;   // head-dim pairs
+  constexpr int64_t V = D / 16;  // float vectors per output row
+  const int64_t rows = ntok * group;  // query vectors: token i, head g -> row i * group + g
+  const int64_t row = hkv * D;
+  const int64_t last_pos = first_pos + ntok - 1;  // keys [0, last_pos] are needed
+  std::vector<__m512> acc(static_cast<size_t>(rows * V), _mm512_setzero_ps());
+  std::vector<float> mx(static_cast<size_t>(rows), -INFINITY), l(static_cast<size_t>(rows), 0.f);
+  alignas(64) uint32_t kp[P][CHUNK];        // key pairs: kp[p][j] = k[j][2p], k[j][2p+1]
+  alignas(64) uint32_t vp[CHUNK / 2][D];    // value pairs: vp[jp][d] = v[2jp][d], v[2jp+1][d]
+  auto slot_of = [&](int64_t t) { return static_cast<int64_t>(table[t / bs]) * bs + t % bs; };
+  for (int64_t k0 = 0; k0 <= last_pos; k0 += CHUNK) {
+    const int64_t n = std::min(CHUNK, last_pos + 1 - k0);
+    for (int64_t j = 0; j < CHUNK; ++j) {
+      if (j < n) {
+        const uint32_t* kr = reinterpret_cast<const uint32_t*>(k_cache + slot_of(k0 + j) * row + kvh * D);
+        for (int64_t p = 0; p < P; ++p) kp[p][j] = kr[p];
+      } else {
+        for (int64_t p = 0; p < P; ++p) kp[p][j] = 0;
+      }
+    }
+    for (int64_t jp = 0; jp < CHUNK / 2; ++jp) {
+      const int64_t j0 = 2 * jp, j1 = 2 * jp + 1;
+      const uint16_t* v0 = j0 < n ? reinterpret_cast<const uint16_t*>(v_cache + slot_of(k0 + j0) * row + kvh * D) : nullptr;
+      const uint16_t* v1 = j1 < n ? reinterpret_cast<const uint16_t*>(v_cache + slot_of(k0 + j1) * row + kvh * D) : nullptr;
+      for (int64_t d = 0; d < D; ++d)
+        vp[jp][d] = (v0 ? v0[d] : 0u) | (static_cast<uint32_t>(v1 ? v1[d] : 0u) << 16);
+    }
+    // scores of this block for every query vector that sees any of it, R at a time with two
+    // accumulators each: independent dot chains keep the vdpbf16ps pipeline full
+    const int64_t first_row = std::max<int64_t>(0, k0 - first_pos) * group;
+    for (int64_t r0 = first_row; r0 < rows; r0 += R) {
+      const int64_t nr = std::min(R, rows - r0);
+      const uint32_t* qr[R];
+      for (int64_t x = 0; x < R; ++x) {
+        const int64_t r = r0 + std::min(x, nr - 1);
+        qr[x] = reinterpret_cast<const uint32_t*>(q + (r / group) * q_stride +
+                                                  (kvh * group + r % group) * D);
+      }
+      __m512 even[R], odd[R];
+      for (int64_t x = 0; x < R; ++x) even[x] = odd[x] = _mm512_setzero_ps();
+      for (int64_t p = 0; p < P; p += 2) {
+        const __m512i k_even = _mm512_load_si512(kp[p]), k_odd = _mm512_load_si512(kp[p + 1]);
+        for (int64_t x = 0; x < R; ++x) {
+          const __m512i qe = _mm512_set1_epi32(static_cast<int>(qr[x][p]));
+          const __m512i qo = _mm512_set1_epi32(static_cast<int>(qr[x][p + 1]));
+          even[x] = _mm512_dpbf16_ps(even[x], reinterpret_cast<const __m512bh&>(qe),
+                                     reinterpret_cast<const __m512bh&>(k_even));
+          odd[x] = _mm512_dpbf16_ps(odd[x], reinterpret_cast<const __m512bh&>(qo),
+                                    reinterpret_cast<const __m512bh&>(k_odd));
+        }
+      }
+      for (int64_t x = 0; x < nr; ++x) {
+        const int64_t r = r0 + x, pos = first_pos + r / group;
+        const int64_t visible = std::min(n, pos - k0 + 1);
+        if (visible <= 0) continue;  // this block lies wholly after the row's token
+        const __mmask16 mask = static_cast<__mmask16>((1u << visible) - 1);
+        __m512 sv = _mm512_mul_ps(_mm512_add_ps(even[x], odd[x]), _mm512_set1_ps(scale));
+        sv = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), mask, sv);
+        const float m_new = std::max(mx[r], _mm512_reduce_max_ps(sv));
+        const float corr = std::exp(mx[r] - m_new);
+        const __m512 e = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(sv, _mm512_set1_ps(m_new))));
+        l[r] = l[r] * corr + _mm512_reduce_add_ps(e);
+        mx[r] = m_new;
+        const __m256bh eb = _mm512_cvtneps_pbh(e);  // probabilities as bf16 pairs
+        alignas(32) uint32_t pairs[CHUNK / 2];
+        std::memcpy(pairs, &eb, sizeof(pairs));
+        __m512* acc_r = acc.data() + r * V;
+        const __m512 vc = _mm512_set1_ps(corr);
+        for (int64_t c = 0; c < V; ++c) acc_r[c] = _mm512_mul_ps(acc_r[c], vc);
+        for (int64_t jp = 0; jp < (visible + 1) / 2; ++jp) {
+          const __m512i pb = _mm512_set1_epi32(static_cast<int>(pairs[jp]));
+          for (int64_t c = 0; c < V; ++c) {
+            const __m512i vb = _mm512_load_si512(vp[jp] + c * 16);
+            acc_r[c] = _mm512_dpbf16_ps(acc_r[c], reinterpret_cast<const __m512bh&>(pb),
+                                        reinterpret_cast<const __m512bh&>(vb));
+          }
+        }
+      }
+    }
+  }
+  alignas(64) float tmp[16];
+  for (int64_t i = 0; i < ntok; ++i)
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t r = i * group + g;
+      c10::BFloat16* o = out + i * o_stride + (kvh * group + g) * D;
+      const __m512 inv = _mm512_set1_ps(1.f / l[r]);
+      for (int64_t c = 0; c < V; ++c) {
+        _mm512_store_ps(tmp, _mm512_mul_ps(acc[r * V + c], inv));
+        for (int64_t x = 0; x < 16; ++x) o[c * 16 + x] = static_cast<c10::BFloat16>(tmp[x]);
+      }
+    }
+  (void)seq_len;
+}
+
+template <int64_t D>
+void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+             torch::Tensor& out, const int32_t* starts, const int32_t* qlens, const int32_t* lens,
+             const int32_t* tables, int64_t n, int64_t width, double scale) {
+  const int64_t hq = q.size(1), bs = k_cache.size(1), hkv = k_cache.size(2);
+  const int64_t group = hq / hkv, q_stride = q.stride(0), o_stride = out.stride(0);
+  std::vector<int64_t> task_seq, task_tok;  // (sequence, first token of the tile)
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < qlens[b]; i += TILE) {
+      task_seq.push_back(b);
+      task_tok.push_back(i);
+    }
+  const int64_t tiles = static_cast<int64_t>(task_seq.size());
+  const auto* qp = q.data_ptr<c10::BFloat16>();
+  const auto* kp = k_cache.data_ptr<c10::BFloat16>();
+  const auto* vp = v_cache.data_ptr<c10::BFloat16>();
+  auto* op = out.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, tiles * hkv, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / hkv, kvh = task % hkv, b = task_seq[t], i0 = task_tok[t];
+      const int64_t ntok = std::min(TILE, static_cast<int64_t>(qlens[b]) - i0);
+      const int64_t row0 = starts[b] + i0;
+      prefill_task<D>(qp + row0 * q_stride, q_stride, kp, vp, op + row0 * o_stride, o_stride,
+                      tables + b * width, bs, hkv, group, kvh, lens[b] - qlens[b] + i0, ntok,
+                      lens[b], static_cast<float>(scale));
+    }
+  });
+}
+#endif
+
+// q / out [T, Hq, D] bfloat16 (rows contiguous); q_starts / q_lens / seq_lens int32 [N];
+// block_tables int32 [N, W]. Writes the attention of each sequence's new tokens into out.
+void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
+                   const torch::Tensor& v_cache, torch::Tensor out, const torch::Tensor& q_starts,
+                   const torch::Tensor& q_lens, const torch::Tensor& seq_lens,
+                   const torch::Tensor& block_tables, double scale) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && k_cache.scalar_type() == torch::kBFloat16 &&
+                  out.scalar_type() == torch::kBFloat16,
+              "paged_prefill: bfloat16 only");
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && out.stride(2) == 1 &&
+                  out.stride(1) == out.size(2) && out.sizes() == q.sizes(),
+              "paged_prefill: q and out must be [T, Hq, D] with each token's heads contiguous");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  auto starts = q_starts.contiguous(), qlens = q_lens.contiguous(), lens = seq_lens.contiguous();
+  auto tables = block_tables.contiguous();
+  const int64_t n = starts.size(0), width = tables.size(1);
+  const auto* sp = starts.data_ptr<int32_t>();
+  const auto* qp = qlens.data_ptr<int32_t>();
+  const auto* lp = lens.data_ptr<int32_t>();
+  const auto* tp = tables.data_ptr<int32_t>();
+  switch (q.size(2)) {
+    case 64: prefill<64>(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale); break;
+    case 128: prefill<128>(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale); break;
+    case 32: prefill<32>(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale); break;
+    default: TORCH_CHECK(false, "paged_prefill: head_dim 32, 64 or 128 only");
+  }
+#else
+  TORCH_CHECK(false, "paged_prefill needs AVX512-BF16");
+#endif
+}
+
+bool has_bf16_prefill() {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 // A dispatcher op (torch.ops.radixcache.paged_decode): visible to the profiler and to
@@ -367,6 +547,12 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
 TORCH_LIBRARY(radixcache, m) {
   m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_lens, float scale) -> Tensor");
+  m.def("paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, "
+        "Tensor q_starts, Tensor q_lens, Tensor seq_lens, Tensor block_tables, float scale) -> ()");
+  m.def("has_bf16_prefill() -> bool", &has_bf16_prefill);
 }
 
-TORCH_LIBRARY_IMPL(radixcache, CPU, m) { m.impl("paged_decode", &paged_decode); }
+TORCH_LIBRARY_IMPL(radixcache, CPU, m) {
+  m.impl("paged_decode", &paged_decode);
+  m.impl("paged_prefill", &paged_prefill);
+}
