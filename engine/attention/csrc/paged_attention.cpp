@@ -373,38 +373,41 @@ constexpr int64_t R = 4;  // query vectors scored together
 template <int64_t D>
 void prefill_task(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16* k_cache,
                   const c10::BFloat16* v_cache, c10::BFloat16* out, int64_t o_stride,
-                  const int32_t* table,
-                  int64_t bs, int64_t hkv, int64_t group, int64_t kvh, int64_t first_pos,
-                  int64_t ntok, int64_t seq_len, float scale) {
+                  const int32_t* table, int64_t bs, int64_t hkv, int64_t group, int64_t kvh,
+                  int64_t first_pos, int64_t ntok, float scale) {
   constexpr int64_t P = D / 2;   // head-dim pairs
   constexpr int64_t V = D / 16;  // float vectors per output row
+  constexpr int64_t KB = 64;     // keys per block: one softmax update per row per block
+  constexpr int64_t KV = KB / 16;
   const int64_t rows = ntok * group;  // query vectors: token i, head g -> row i * group + g
   const int64_t row = hkv * D;
   const int64_t last_pos = first_pos + ntok - 1;  // keys [0, last_pos] are needed
   std::vector<__m512> acc(static_cast<size_t>(rows * V), _mm512_setzero_ps());
   std::vector<float> mx(static_cast<size_t>(rows), -INFINITY), l(static_cast<size_t>(rows), 0.f);
-  alignas(64) uint32_t kp[P][CHUNK];        // key pairs: kp[p][j] = k[j][2p], k[j][2p+1]
-  alignas(64) uint32_t vp[CHUNK / 2][D];    // value pairs: vp[jp][d] = v[2jp][d], v[2jp+1][d]
+  alignas(64) uint32_t kp[P][KB];        // key pairs: kp[p][j] = k[j][2p], k[j][2p+1]
+  alignas(64) uint32_t vp[KB / 2][D];    // value pairs: vp[jp][d] = v[2jp][d], v[2jp+1][d]
+  alignas(64) uint32_t pairs[R][KB / 2];  // probabilities of R rows as bf16 pairs
   auto slot_of = [&](int64_t t) { return static_cast<int64_t>(table[t / bs]) * bs + t % bs; };
-  for (int64_t k0 = 0; k0 <= last_pos; k0 += CHUNK) {
-    const int64_t n = std::min(CHUNK, last_pos + 1 - k0);
-    for (int64_t j = 0; j < CHUNK; ++j) {
-      if (j < n) {
-        const uint32_t* kr = reinterpret_cast<const uint32_t*>(k_cache + slot_of(k0 + j) * row + kvh * D);
-        for (int64_t p = 0; p < P; ++p) kp[p][j] = kr[p];
-      } else {
-        for (int64_t p = 0; p < P; ++p) kp[p][j] = 0;
-      }
+  for (int64_t k0 = 0; k0 <= last_pos; k0 += KB) {
+    const int64_t n = std::min(KB, last_pos + 1 - k0);
+    for (int64_t j = 0; j < KB; ++j) {
+      const uint32_t* kr =
+          j < n ? reinterpret_cast<const uint32_t*>(k_cache + slot_of(k0 + j) * row + kvh * D)
+                : nullptr;
+      for (int64_t p = 0; p < P; ++p) kp[p][j] = kr ? kr[p] : 0u;
     }
-    for (int64_t jp = 0; jp < CHUNK / 2; ++jp) {
+    for (int64_t jp = 0; jp < KB / 2; ++jp) {
       const int64_t j0 = 2 * jp, j1 = 2 * jp + 1;
-      const uint16_t* v0 = j0 < n ? reinterpret_cast<const uint16_t*>(v_cache + slot_of(k0 + j0) * row + kvh * D) : nullptr;
-      const uint16_t* v1 = j1 < n ? reinterpret_cast<const uint16_t*>(v_cache + slot_of(k0 + j1) * row + kvh * D) : nullptr;
+      const uint16_t* v0 =
+          j0 < n ? reinterpret_cast<const uint16_t*>(v_cache + slot_of(k0 + j0) * row + kvh * D)
+                 : nullptr;
+      const uint16_t* v1 =
+          j1 < n ? reinterpret_cast<const uint16_t*>(v_cache + slot_of(k0 + j1) * row + kvh * D)
+                 : nullptr;
       for (int64_t d = 0; d < D; ++d)
         vp[jp][d] = (v0 ? v0[d] : 0u) | (static_cast<uint32_t>(v1 ? v1[d] : 0u) << 16);
     }
-    // scores of this block for every query vector that sees any of it, R at a time with two
-    // accumulators each: independent dot chains keep the vdpbf16ps pipeline full
+    // rows whose token sees any key of this block, R at a time: R x KV independent dot chains
     const int64_t first_row = std::max<int64_t>(0, k0 - first_pos) * group;
     for (int64_t r0 = first_row; r0 < rows; r0 += R) {
       const int64_t nr = std::min(R, rows - r0);
@@ -414,44 +417,64 @@ void prefill_task(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16*
         qr[x] = reinterpret_cast<const uint32_t*>(q + (r / group) * q_stride +
                                                   (kvh * group + r % group) * D);
       }
-      __m512 even[R], odd[R];
-      for (int64_t x = 0; x < R; ++x) even[x] = odd[x] = _mm512_setzero_ps();
-      for (int64_t p = 0; p < P; p += 2) {
-        const __m512i k_even = _mm512_load_si512(kp[p]), k_odd = _mm512_load_si512(kp[p + 1]);
+      __m512 sv[R][KV];
+      for (int64_t x = 0; x < R; ++x)
+        for (int64_t c = 0; c < KV; ++c) sv[x][c] = _mm512_setzero_ps();
+      for (int64_t p = 0; p < P; ++p) {
+        __m512i kb[KV];
+        for (int64_t c = 0; c < KV; ++c) kb[c] = _mm512_load_si512(kp[p] + c * 16);
         for (int64_t x = 0; x < R; ++x) {
-          const __m512i qe = _mm512_set1_epi32(static_cast<int>(qr[x][p]));
-          const __m512i qo = _mm512_set1_epi32(static_cast<int>(qr[x][p + 1]));
-          even[x] = _mm512_dpbf16_ps(even[x], reinterpret_cast<const __m512bh&>(qe),
-                                     reinterpret_cast<const __m512bh&>(k_even));
-          odd[x] = _mm512_dpbf16_ps(odd[x], reinterpret_cast<const __m512bh&>(qo),
-                                    reinterpret_cast<const __m512bh&>(k_odd));
+          const __m512i qb = _mm512_set1_epi32(static_cast<int>(qr[x][p]));
+          for (int64_t c = 0; c < KV; ++c)
+            sv[x][c] = _mm512_dpbf16_ps(sv[x][c], reinterpret_cast<const __m512bh&>(qb),
+                                        reinterpret_cast<const __m512bh&>(kb[c]));
         }
       }
-      for (int64_t x = 0; x < nr; ++x) {
-        const int64_t r = r0 + x, pos = first_pos + r / group;
-        const int64_t visible = std::min(n, pos - k0 + 1);
-        if (visible <= 0) continue;  // this block lies wholly after the row's token
-        const __mmask16 mask = static_cast<__mmask16>((1u << visible) - 1);
-        __m512 sv = _mm512_mul_ps(_mm512_add_ps(even[x], odd[x]), _mm512_set1_ps(scale));
-        sv = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), mask, sv);
-        const float m_new = std::max(mx[r], _mm512_reduce_max_ps(sv));
-        const float corr = std::exp(mx[r] - m_new);
-        const __m512 e = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(sv, _mm512_set1_ps(m_new))));
-        l[r] = l[r] * corr + _mm512_reduce_add_ps(e);
+      int64_t visible_max = 0;
+      __m512 corr[R];
+      for (int64_t x = 0; x < R; ++x) {
+        const int64_t r = r0 + x;
+        const int64_t visible = x < nr ? std::min(n, first_pos + r / group - k0 + 1) : 0;
+        visible_max = std::max(visible_max, visible);
+        if (visible <= 0) {  // no key of this block for this row: contributes nothing
+          std::memset(pairs[x], 0, sizeof(pairs[x]));
+          corr[x] = _mm512_set1_ps(1.f);
+          continue;
+        }
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        __mmask16 masks[KV];
+        for (int64_t c = 0; c < KV; ++c) {
+          const int64_t left = std::clamp<int64_t>(visible - c * 16, 0, 16);
+          masks[c] = static_cast<__mmask16>((1u << left) - 1);
+          sv[x][c] = _mm512_maskz_mov_ps(masks[c], _mm512_mul_ps(sv[x][c], _mm512_set1_ps(scale)));
+          m = _mm512_mask_max_ps(m, masks[c], m, sv[x][c]);
+        }
+        const float m_new = std::max(mx[r], _mm512_reduce_max_ps(m));
+        const __m512 vm = _mm512_set1_ps(m_new);
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t c = 0; c < KV; ++c) {
+          const __m512 e = _mm512_maskz_mov_ps(masks[c], exp16(_mm512_sub_ps(sv[x][c], vm)));
+          sum = _mm512_add_ps(sum, e);
+          const __m256bh eb = _mm512_cvtneps_pbh(e);
+          std::memcpy(pairs[x] + c * 8, &eb, 32);
+        }
+        const float cf = std::exp(mx[r] - m_new);
+        l[r] = l[r] * cf + _mm512_reduce_add_ps(sum);
         mx[r] = m_new;
-        const __m256bh eb = _mm512_cvtneps_pbh(e);  // probabilities as bf16 pairs
-        alignas(32) uint32_t pairs[CHUNK / 2];
-        std::memcpy(pairs, &eb, sizeof(pairs));
-        __m512* acc_r = acc.data() + r * V;
-        const __m512 vc = _mm512_set1_ps(corr);
-        for (int64_t c = 0; c < V; ++c) acc_r[c] = _mm512_mul_ps(acc_r[c], vc);
-        for (int64_t jp = 0; jp < (visible + 1) / 2; ++jp) {
-          const __m512i pb = _mm512_set1_epi32(static_cast<int>(pairs[jp]));
-          for (int64_t c = 0; c < V; ++c) {
-            const __m512i vb = _mm512_load_si512(vp[jp] + c * 16);
-            acc_r[c] = _mm512_dpbf16_ps(acc_r[c], reinterpret_cast<const __m512bh&>(pb),
-                                        reinterpret_cast<const __m512bh&>(vb));
-          }
+        corr[x] = _mm512_set1_ps(cf);
+      }
+      for (int64_t x = 0; x < nr; ++x)
+        for (int64_t c = 0; c < V; ++c)
+          acc[(r0 + x) * V + c] = _mm512_mul_ps(acc[(r0 + x) * V + c], corr[x]);
+      for (int64_t jp = 0; jp < (visible_max + 1) / 2; ++jp) {
+        __m512i vb[V];
+        for (int64_t c = 0; c < V; ++c) vb[c] = _mm512_load_si512(vp[jp] + c * 16);
+        for (int64_t x = 0; x < nr; ++x) {
+          const __m512i pb = _mm512_set1_epi32(static_cast<int>(pairs[x][jp]));
+          __m512* a = acc.data() + (r0 + x) * V;
+          for (int64_t c = 0; c < V; ++c)
+            a[c] = _mm512_dpbf16_ps(a[c], reinterpret_cast<const __m512bh&>(pb),
+                                    reinterpret_cast<const __m512bh&>(vb[c]));
         }
       }
     }
@@ -467,7 +490,6 @@ void prefill_task(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16*
         for (int64_t x = 0; x < 16; ++x) o[c * 16 + x] = static_cast<c10::BFloat16>(tmp[x]);
       }
     }
-  (void)seq_len;
 }
 
 template <int64_t D>
@@ -494,7 +516,7 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
       const int64_t row0 = starts[b] + i0;
       prefill_task<D>(qp + row0 * q_stride, q_stride, kp, vp, op + row0 * o_stride, o_stride,
                       tables + b * width, bs, hkv, group, kvh, lens[b] - qlens[b] + i0, ntok,
-                      lens[b], static_cast<float>(scale));
+                      static_cast<float>(scale));
     }
   });
 }
