@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -15,24 +15,24 @@ from fastapi.responses import JSONResponse, Response
 from api import routes_cache, routes_openai
 from api.body_limit import BodyLimitMiddleware
 from api.config import ApiConfig
-from api.engine_stats import read_counters
 from api.errors import install_error_handlers
 from api.metrics import ApiMetrics
+from api.openapi_bodies import install_request_schemas
 from api.state import ServerState, state_of
 from api.stats_history import StatsHistory
 from engine.config import EngineConfig
 
+if TYPE_CHECKING:
+    from engine.async_engine import AsyncEngine
+
 log = logging.getLogger("radixcache.api")
 
 
-def _count_parameters(engine: Any) -> int:
-    return engine.call(lambda e: sum(p.numel() for p in e.model.parameters()))
-
-
-def _start_engine(config: EngineConfig) -> Any:
+def _start_engine(config: EngineConfig, api_config: ApiConfig) -> AsyncEngine:
     from engine.async_engine import AsyncEngine
 
-    engine = AsyncEngine(config)
+    cap = config.max_num_seqs + config.max_waiting_requests
+    engine = AsyncEngine(config, max_in_flight=min(api_config.max_queue, cap))
     engine.start()
     return engine
 
@@ -56,16 +56,15 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = await asyncio.to_thread(_start_engine, engine_config)
+        engine = await asyncio.to_thread(_start_engine, engine_config, api_config)
         metrics = ApiMetrics()
         state = ServerState(
             engine=engine,
             config=api_config,
             metrics=metrics,
             history=StatsHistory(api_config.stats_history_s),
-            read_counters=lambda: read_counters(engine),
+            flops_per_token=2.0 * engine.num_parameters,
         )
-        state.flops_per_token = 2.0 * await asyncio.to_thread(_count_parameters, engine)
         metrics.watch_engine(state.counters, state.tokens_per_s)
         await asyncio.to_thread(state.sample)
         app.state.server = state
@@ -87,11 +86,12 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=api_config.max_body_bytes)
     app.include_router(routes_openai.router)
     app.include_router(routes_cache.router)
+    install_request_schemas(app)
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
         state = state_of(request)
-        if not getattr(state.engine, "is_running", True):
+        if not state.engine.is_running:
             return JSONResponse({"status": "engine stopped", "model": state.model_name}, 503)
         return JSONResponse({"status": "ok", "model": state.model_name})
 

@@ -8,43 +8,36 @@ from dataclasses import asdict
 from typing import Any
 
 from api.auth import Caller
-from api.engine_stats import EngineCounters
+from api.engine_stats import CacheCounters, EngineCounters, NamespaceCounters
 
 
 def _rate(hit: float, total: float) -> float:
     return round(hit / total, 6) if total else 0.0
 
 
-def _hits(counters: dict[str, float], flops_per_token: float) -> dict[str, Any]:
-    query = counters.get("query_tokens", 0.0)
-    hit = counters.get("hit_tokens", 0.0)
-    tiers = {k.split(".", 1)[1]: v for k, v in counters.items() if k.startswith("hit_tokens.")}
+def _hits(c: CacheCounters, flops_per_token: float) -> dict[str, Any]:
+    tiers = sorted(c.hit_tokens_by_tier.items())
     return {
-        "query_tokens": int(query),
-        "hit_tokens": int(hit),
-        "hit_rate": _rate(hit, query),
-        "hit_tokens_by_tier": {t: int(v) for t, v in sorted(tiers.items())},
-        "hit_rate_by_tier": {t: _rate(v, query) for t, v in sorted(tiers.items())},
-        "tokens_saved": int(hit),
-        "compute_saved_flops": hit * flops_per_token,
-        "evictions_by_tier": {
-            k.split(".", 1)[1]: int(v)
-            for k, v in sorted(counters.items())
-            if k.startswith("evictions.")
-        },
-        "output_tokens": int(counters.get("output_tokens", 0.0)),
+        "query_tokens": c.query_tokens,
+        "hit_tokens": c.hit_tokens,
+        "hit_rate": _rate(c.hit_tokens, c.query_tokens),
+        "hit_tokens_by_tier": dict(tiers),
+        "hit_rate_by_tier": {t: _rate(v, c.query_tokens) for t, v in tiers},
+        "tokens_saved": c.hit_tokens,
+        "compute_saved_flops": c.hit_tokens * flops_per_token,
+        "evictions_by_tier": dict(sorted(c.evictions_by_tier.items())),
+        "output_tokens": c.output_tokens,
     }
 
 
 def _namespaces(
-    c: EngineCounters, window: dict[str, float], caller: Caller
+    total: CacheCounters, window: CacheCounters, caller: Caller
 ) -> list[dict[str, Any]]:
     rows = []
-    for key, ns in sorted(c.namespaces.items()):
+    for key, ns in sorted(total.namespaces.items()):
         if not caller.owns_salt(ns.cache_salt):
             continue
-        wq = window.get(f"ns.{key}.query_tokens", 0.0)
-        wh = window.get(f"ns.{key}.hit_tokens", 0.0)
+        w = window.namespaces.get(key, NamespaceCounters(ns.cache_salt))
         rows.append(
             {
                 "namespace": key,
@@ -53,9 +46,9 @@ def _namespaces(
                 "hit_tokens": ns.hit_tokens,
                 "hit_rate": _rate(ns.hit_tokens, ns.query_tokens),
                 "window": {
-                    "query_tokens": int(wq),
-                    "hit_tokens": int(wh),
-                    "hit_rate": _rate(wh, wq),
+                    "query_tokens": w.query_tokens,
+                    "hit_tokens": w.hit_tokens,
+                    "hit_rate": _rate(w.hit_tokens, w.query_tokens),
                 },
             }
         )
@@ -64,30 +57,27 @@ def _namespaces(
 
 def cache_report(
     counters: EngineCounters,
-    flat: dict[str, float],
-    window: tuple[dict[str, float], float],
+    window: tuple[CacheCounters, float],
     window_minutes: float,
     started_at: float,
     flops_per_token: float,
     caller: Caller,
 ) -> dict[str, Any]:
     diff, covered = window
+    cache = counters.device
     report: dict[str, Any] = {
         "uptime_s": round(time.time() - started_at, 3),
-        "since_start": _hits(flat, flops_per_token),
+        "since_start": _hits(counters.cache, flops_per_token),
         "window": {
             "minutes": window_minutes,
             "covered_s": round(covered, 3),
             **_hits(diff, flops_per_token),
         },
-        "namespaces": _namespaces(counters, diff, caller),
+        "namespaces": _namespaces(counters.cache, diff, caller),
         "occupancy": {tier: asdict(o) for tier, o in counters.occupancy.items()},
         "requests": {"running": counters.running, "waiting": counters.waiting},
         "compute_saved_note": "flops ~ 2 x parameters x tokens saved (attention not counted)",
-    }
-    cache = counters.extra.get("cache")
-    if cache is not None:
-        report["device"] = {
+        "device": {
             "block_size": cache.block_size,
             "num_blocks": cache.num_blocks,
             "free": cache.free,
@@ -96,8 +86,8 @@ def cache_report(
             "pinned": cache.pinned,
             "cached": cache.cached,
             "policy": cache.policy,
-        }
-        curve = getattr(cache, "miss_ratio_curve", None)
-        if curve:
-            report["miss_ratio_curve"] = [asdict(p) for p in curve]
+        },
+    }
+    if cache.miss_ratio_curve:
+        report["miss_ratio_curve"] = [asdict(p) for p in cache.miss_ratio_curve]
     return report

@@ -123,6 +123,12 @@ def _tier_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--disk-bytes", type=parse_size, default="4G", help="disk budget")
     g.add_argument("--no-disk", action="store_true", help="no disk tier")
+    g.add_argument(
+        "--disk-fsync",
+        default="none",
+        choices=["none", "per-file"],
+        help="per-file: fsync each block and its folder (survives power loss; slower writes)",
+    )
     g.add_argument("--redis-url", default=None, help="Redis tier, e.g. redis://localhost:6379/0")
     g.add_argument(
         "--write-policy",
@@ -173,6 +179,7 @@ def tier_config(args: argparse.Namespace) -> Any:
         host_bytes=args.host_tier_bytes,
         disk_path=disk_path,
         disk_bytes=args.disk_bytes,
+        disk_fsync=args.disk_fsync,
         redis_url=args.redis_url,
         write_policy=args.write_policy,
     )

@@ -7,21 +7,17 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
 from api.errors import ApiError
 from api.metrics import ApiMetrics
+from engine.outputs import RequestOutput, RequestResult
 
-
-@dataclass
-class Job:
-    request_id: str
-    prompt: str | list[int]
-    prompt_ids: list[int]
-    params: Any  # engine.sampling.SamplingParams
-    cache_salt: str
+if TYPE_CHECKING:
+    from engine.async_engine import AsyncEngine, RequestStream
+    from engine.request import GenerateJob
 
 
 @dataclass
@@ -31,25 +27,25 @@ class Timing:
     metrics: ApiMetrics
     arrival: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
-    _last: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
+    _last: dict[tuple[int, int], float] = field(default_factory=dict)  # time of last tokens
 
-    def observe(self, job: int, output: Any) -> None:
+    def observe(self, job: int, output: RequestOutput) -> None:
         now = time.perf_counter()
-        for choice in output.outputs:
-            key = (job, choice.index)
-            count = len(choice.token_ids)
-            last_time, last_count = self._last.get(key, (self.arrival, 0))
-            if count <= last_count:
+        for delta in output.outputs:
+            new = len(delta.token_ids)
+            if new == 0:
                 continue
+            key = (job, delta.index)
             if self.first_token is None:
                 self.first_token = now
                 self.metrics.ttft.observe(now - self.arrival)
-            self.metrics.count_output(count - last_count)
-            if last_count > 0:
-                gap = (now - last_time) / (count - last_count)
-                for _ in range(count - last_count):
+            self.metrics.count_output(new)
+            last = self._last.get(key)
+            if last is not None:
+                gap = (now - last) / new
+                for _ in range(new):
                     self.metrics.itl.observe(gap)
-            self._last[key] = (now, count)
+            self._last[key] = now
 
     def finish(self) -> None:
         self.metrics.e2e.observe(time.perf_counter() - self.arrival)
@@ -61,11 +57,14 @@ _DONE = object()
 def as_api_error(exc: Exception) -> Exception:
     """Engine exceptions -> HTTP errors (request too large: 400, overloaded: 429, dead: 503)."""
     from engine.async_engine import EngineDead, EngineOverloaded
+    from engine.request import RequestTooLarge
 
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, RequestTooLarge):
+        return ApiError(400, str(exc), param="max_tokens", code="kv_capacity_exceeded")
     if isinstance(exc, EngineOverloaded):
-        return ApiError(429, f"Server is at capacity: {exc}", code="queue_full")
+        return ApiError(429, f"Server is at capacity: {exc}; retry later", code="queue_full")
     if isinstance(exc, EngineDead):
         return ApiError(503, f"The engine is unavailable: {exc}", code="engine_unavailable")
     if isinstance(exc, ValueError):
@@ -73,9 +72,21 @@ def as_api_error(exc: Exception) -> Exception:
     return exc
 
 
-async def _pump(engine: Any, index: int, job: Job, queue: asyncio.Queue) -> None:
+def open_streams(
+    engine: AsyncEngine, jobs: list[GenerateJob], metrics: ApiMetrics
+) -> list[RequestStream]:
+    """Admits every job or none, before any response starts (so a full queue is a 429)."""
     try:
-        stream = engine.generate(job.prompt, job.params, job.request_id, cache_salt=job.cache_salt)
+        return engine.open_streams(jobs)
+    except Exception as exc:
+        err = as_api_error(exc)
+        if isinstance(err, ApiError) and err.status == 429:
+            metrics.rejected.inc()
+        raise err from exc
+
+
+async def _pump(index: int, stream: RequestStream, queue: asyncio.Queue) -> None:
+    try:
         async for output in stream:
             queue.put_nowait((index, output))
         queue.put_nowait((index, _DONE))
@@ -83,11 +94,13 @@ async def _pump(engine: Any, index: int, job: Job, queue: asyncio.Queue) -> None
         queue.put_nowait((index, exc))
 
 
-async def run_jobs(engine: Any, jobs: list[Job], timing: Timing) -> AsyncIterator[tuple[int, Any]]:
-    """Yields (job index, cumulative RequestOutput) until every job finished."""
+async def run_jobs(
+    streams: list[RequestStream], timing: Timing
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Yields (job index, output delta) until every job finished; closing early aborts the rest."""
     queue: asyncio.Queue = asyncio.Queue()
-    tasks = [asyncio.create_task(_pump(engine, i, job, queue)) for i, job in enumerate(jobs)]
-    pending = set(range(len(jobs)))
+    tasks = [asyncio.create_task(_pump(i, s, queue)) for i, s in enumerate(streams)]
+    pending = set(range(len(streams)))
     try:
         while pending:
             index, item = await queue.get()
@@ -101,8 +114,8 @@ async def run_jobs(engine: Any, jobs: list[Job], timing: Timing) -> AsyncIterato
     finally:
         for task in tasks:
             task.cancel()
-        for index in pending:
-            engine.abort(jobs[index].request_id)
+        for stream in streams:
+            await stream.aclose()
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -115,15 +128,15 @@ class ClientDisconnected(Exception):
 
 
 async def collect_final(
-    engine: Any, jobs: list[Job], timing: Timing, request: Request
-) -> list[Any]:
-    """The final output of every job; aborts them all if the client disconnects first."""
+    streams: list[RequestStream], timing: Timing, request: Request
+) -> list[RequestResult]:
+    """Every job's whole result; aborts them all if the client disconnects first."""
 
-    async def collect() -> list[Any]:
-        finals: list[Any] = [None] * len(jobs)
-        async for index, output in run_jobs(engine, jobs, timing):
-            finals[index] = output
-        return finals
+    async def collect() -> list[RequestResult]:
+        results = [RequestResult(s.request_id) for s in streams]
+        async for index, output in run_jobs(streams, timing):
+            results[index].add(output)
+        return results
 
     work = asyncio.create_task(collect())
     watcher = asyncio.create_task(_wait_disconnect(request))

@@ -27,20 +27,21 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         c = self._read()
-        yield _counter("prefix_cache_queries_tokens", "Prompt tokens looked up", c.query_tokens)
-        yield _counter("prefix_cache_hits_tokens", "Prompt tokens found cached", c.hit_tokens)
+        cache = c.cache
+        yield _counter("prefix_cache_queries_tokens", "Prompt tokens looked up", cache.query_tokens)
+        yield _counter("prefix_cache_hits_tokens", "Prompt tokens found cached", cache.hit_tokens)
         tiers = CounterMetricFamily(
             f"{PREFIX}_prefix_cache_tier_hits_tokens",
             "Cached prompt tokens by tier",
             labels=["tier"],
         )
-        for tier, n in sorted(c.hit_tokens_by_tier.items()):
+        for tier, n in sorted(cache.hit_tokens_by_tier.items()):
             tiers.add_metric([tier], n)
         yield tiers
         evictions = CounterMetricFamily(
             f"{PREFIX}_cache_evictions_blocks", "Blocks evicted from a tier", labels=["tier"]
         )
-        for tier, n in sorted(c.evictions_by_tier.items()):
+        for tier, n in sorted(cache.evictions_by_tier.items()):
             evictions.add_metric([tier], n)
         yield evictions
         yield _counter("prefill_tokens", "Prompt tokens computed (not cached)", c.prompt_tokens)

@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 MAX_N = 16
 MAX_STOP = 16
@@ -25,16 +25,16 @@ class StreamOptions(_Request):
 
 
 class _SamplingFields(_Request):
-    model: str
-    max_tokens: int | None = None
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)  # and at most the context window left
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)  # 0 or -1: off
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     n: int = Field(1, ge=1, le=MAX_N)
     seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, max_length=MAX_STOP)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
@@ -44,20 +44,6 @@ class _SamplingFields(_Request):
     cache_salt: str | None = Field(None, max_length=256)
     user: str | None = None
     return_token_ids: bool = False  # extension (as in vLLM): token ids in the choices
-
-    @field_validator("max_tokens")
-    @classmethod
-    def _positive_max_tokens(cls, v: int | None) -> int | None:
-        if v is not None and v <= 0:
-            raise ValueError("max_tokens must be at least 1")
-        return v
-
-    @field_validator("stop")
-    @classmethod
-    def _bounded_stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop sequences")
-        return v
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -105,25 +91,20 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-
-    @field_validator("max_completion_tokens")
-    @classmethod
-    def _positive_max_completion(cls, v: int | None) -> int | None:
-        if v is not None and v <= 0:
-            raise ValueError("max_completion_tokens must be at least 1")
-        return v
 
     def chat_messages(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
 
 
 class LookupRequest(_Request):
+    """Exactly one of `prompt` and `messages`."""
+
     model: str | None = None
-    prompt: str | list[int] | None = None
-    messages: list[ChatMessage] | None = None
+    prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     cache_salt: str | None = Field(None, max_length=256)
 
 

@@ -17,6 +17,7 @@ from api.errors import ApiError, parse_body
 from api.protocol import LookupRequest, _Request
 from api.state import ServerState, state_of
 from api.validation import check_model, encode_prompt
+from radixcache.stats import PrefixInfo
 
 router = APIRouter(prefix="/v1/cache")
 
@@ -55,10 +56,9 @@ async def stats(
     state = state_of(request)
     caller = identify(state.config, request)
     counters = await asyncio.to_thread(state.counters)
-    flat = state.flat_counters(counters)
-    window = state.history.delta(time.time(), flat, window_minutes * 60)
+    window = state.history.delta(time.time(), counters.cache, window_minutes * 60)
     report = cache_report(
-        counters, flat, window, window_minutes, state.started_at, state.flops_per_token, caller
+        counters, window, window_minutes, state.started_at, state.flops_per_token, caller
     )
     report["model"] = state.model_name
     report["generation_tokens_per_s"] = round(state.tokens_per_s(), 3)
@@ -79,7 +79,7 @@ async def lookup(request: Request) -> dict[str, Any]:
     }
 
 
-def _prefix_row(tok: Any, info: Any) -> dict[str, Any]:
+def _prefix_row(tok: Any, info: PrefixInfo) -> dict[str, Any]:
     return {
         "namespace": info.namespace.hex,
         "cache_salt": info.namespace.cache_salt,
@@ -116,21 +116,47 @@ async def flush(request: Request) -> dict[str, Any]:
     return {"flushed_blocks": blocks, "cache_salt": req.cache_salt}
 
 
-async def _admin_prompt_op(request: Request, op: str) -> tuple[int, int]:
-    """engine.pin / engine.unpin on the body's prompt (admin only) -> (tokens, prompt tokens)."""
+async def _admin_prompt_op(request: Request, pin: bool) -> tuple[int, int]:
+    """Pins or unpins the body's prompt (admin only) -> (tokens, prompt tokens)."""
     caller = require_admin(state_of(request).config, request)
     state, ids, salt = await _parse(request, caller)
-    tokens = await asyncio.to_thread(getattr(state.engine, op), ids, salt)
+    op = state.engine.pin if pin else state.engine.unpin
+    tokens = await asyncio.to_thread(op, ids, salt)
     return tokens, len(ids)
+
+
+@router.get("/integrity")
+async def integrity(request: Request) -> dict[str, Any]:
+    """Admin: recomputes the cache's invariants now and reports the block counts (for soak
+    tests and operators: when idle, nothing should be referenced)."""
+    state = state_of(request)
+    require_admin(state.config, request)
+    error = await asyncio.to_thread(state.engine.integrity_error)
+    snap = await asyncio.to_thread(state.engine.snapshot)
+    cache = snap.cache
+    return {
+        "ok": error is None,
+        "error": error,
+        "blocks": {
+            "total": cache.num_blocks,
+            "free": cache.free,
+            "evictable": cache.evictable,
+            "referenced": cache.referenced,
+            "pinned": cache.pinned,
+            "cached": cache.cached,
+        },
+        "requests": {"running": snap.running, "waiting": snap.waiting},
+        "in_flight": state.engine.in_flight,
+    }
 
 
 @router.post("/pin")
 async def pin(request: Request) -> dict[str, Any]:
-    tokens, prompt_tokens = await _admin_prompt_op(request, "pin")
+    tokens, prompt_tokens = await _admin_prompt_op(request, pin=True)
     return {"pinned_tokens": tokens, "prompt_tokens": prompt_tokens}
 
 
 @router.post("/unpin")
 async def unpin(request: Request) -> dict[str, Any]:
-    tokens, prompt_tokens = await _admin_prompt_op(request, "unpin")
+    tokens, prompt_tokens = await _admin_prompt_op(request, pin=False)
     return {"unpinned_tokens": tokens, "prompt_tokens": prompt_tokens}

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
+if TYPE_CHECKING:
+    from engine.async_engine import AsyncEngine
+
 from api.auth import identify
 from api.errors import ApiError, parse_body
-from api.generation import ClientDisconnected, Job, Timing, collect_final
+from api.generation import ClientDisconnected, Timing, collect_final, open_streams
 from api.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -36,6 +39,8 @@ from api.validation import (
     resolve_max_tokens,
     to_sampling_params,
 )
+from engine.outputs import RequestResult
+from engine.request import GenerateJob, Prompt
 
 router = APIRouter()
 
@@ -54,7 +59,7 @@ async def list_models(request: Request) -> ModelList:
     return ModelList(data=cards)
 
 
-def _chat_prompt_ids(engine: Any, req: ChatCompletionRequest) -> list[int]:
+def _chat_prompt_ids(engine: AsyncEngine, req: ChatCompletionRequest) -> list[int]:
     try:
         ids = list(
             engine.tokenizer.apply_chat_template(req.chat_messages(), add_generation_prompt=True)
@@ -72,39 +77,34 @@ Events = Callable[[StreamContext, Any], AsyncIterator[str]]
 async def _run(
     request: Request,
     state: ServerState,
-    jobs: list[Job],
     stream_ctx: StreamContext,
     events: Events | None,
-    build: Callable[[list[Any]], BaseModel],
+    build: Callable[[list[RequestResult]], BaseModel],
 ) -> Response:
-    """Streams `events`, or waits for every job and answers `build(final outputs)`."""
-    state.acquire(len(jobs))
+    """Streams `events`, or waits for every job and answers `build(results)`."""
     if events is not None:
 
         def on_close() -> None:
-            state.release(len(jobs))
             state.metrics.requests.labels(request.url.path, "stream").inc()
 
         return EventStream(events(stream_ctx, state.engine.tokenizer), on_close)
     try:
-        finals = await collect_final(state.engine, jobs, stream_ctx.timing, request)
+        finals = await collect_final(stream_ctx.streams, stream_ctx.timing, request)
         stream_ctx.timing.finish()
     except ClientDisconnected:
         state.metrics.requests.labels(request.url.path, "disconnected").inc()
         return Response(status_code=499)
-    finally:
-        state.release(len(jobs))
     state.metrics.requests.labels(request.url.path, "ok").inc()
     return JSONResponse(dump(build(finals)))
 
 
 def _context(
-    state: ServerState, req: Any, jobs: list[Job], prefix: str, logprobs: bool
+    state: ServerState, req: Any, jobs: list[GenerateJob], prefix: str, logprobs: bool
 ) -> StreamContext:
+    """Admits the jobs (429 when the queue is full) and describes the response to build."""
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return StreamContext(
-        engine=state.engine,
-        jobs=jobs,
+        streams=open_streams(state.engine, jobs, state.metrics),
         timing=Timing(state.metrics),
         request_id=new_id(prefix),
         created=now(),
@@ -133,21 +133,22 @@ async def completions(request: Request) -> Response:
     for prompt in prompts:
         ids = await asyncio.to_thread(encode_prompt, engine.tokenizer, prompt)  # off the loop
         max_tokens = resolve_max_tokens(
-            engine, req.max_tokens, len(ids), COMPLETION_DEFAULT_MAX_TOKENS
+            req.max_tokens, len(ids), engine.max_model_len, COMPLETION_DEFAULT_MAX_TOKENS
         )
         params = to_sampling_params(req, max_tokens, req.logprobs)
-        jobs.append(Job(new_id("cmpl"), ids, ids, params, salt))
+        text = prompt if isinstance(prompt, str) else None
+        jobs.append(GenerateJob(new_id("cmpl"), Prompt(ids, text), params, salt))
     ctx = _context(state, req, jobs, "cmpl", req.logprobs is not None)
     tok = engine.tokenizer
     if req.echo:
         ctx.echo = [p if isinstance(p, str) else tok.decode(p) for p in prompts]
 
-    def build(finals: list[Any]) -> CompletionResponse:
+    def build(finals: list[RequestResult]) -> CompletionResponse:
         choices = []
         for j, out in enumerate(finals):
             head = ctx.echo[j] if ctx.echo else ""
             for c in out.outputs:
-                lp = completion_logprobs(tok, c, 0, len(c.token_ids), len(head))
+                lp = completion_logprobs(tok, c, len(head))
                 choices.append(
                     CompletionChoice(
                         index=j * req.n + c.index,
@@ -166,7 +167,7 @@ async def completions(request: Request) -> Response:
             usage=usage_of(finals),
         )
 
-    return await _run(request, state, jobs, ctx, completion_events if req.stream else None, build)
+    return await _run(request, state, ctx, completion_events if req.stream else None, build)
 
 
 @router.post("/v1/chat/completions")
@@ -178,20 +179,20 @@ async def chat_completions(request: Request) -> Response:
     engine = state.engine
     ids = await asyncio.to_thread(_chat_prompt_ids, engine, req)  # off the event loop
     requested = req.max_completion_tokens or req.max_tokens
-    max_tokens = resolve_max_tokens(engine, requested, len(ids), None)
+    max_tokens = resolve_max_tokens(requested, len(ids), engine.max_model_len, None)
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = to_sampling_params(req, max_tokens, top)
-    jobs = [Job(new_id("chatcmpl"), ids, ids, params, caller.cache_salt(req.cache_salt))]
+    jobs = [GenerateJob(new_id("chatcmpl"), Prompt(ids), params, caller.cache_salt(req.cache_salt))]
     ctx = _context(state, req, jobs, "chatcmpl", req.logprobs)
     tok = engine.tokenizer
 
-    def build(finals: list[Any]) -> ChatCompletionResponse:
+    def build(finals: list[RequestResult]) -> ChatCompletionResponse:
         out = finals[0]
         choices = [
             ChatChoice(
                 index=c.index,
                 message=AssistantMessage(content=c.text),
-                logprobs=chat_logprobs(tok, c, 0, len(c.token_ids)) if req.logprobs else None,
+                logprobs=chat_logprobs(tok, c) if req.logprobs else None,
                 finish_reason=finish_reason(c.finish_reason),
                 prompt_token_ids=out.prompt_token_ids if req.return_token_ids else None,
                 token_ids=c.token_ids if req.return_token_ids else None,
@@ -206,4 +207,4 @@ async def chat_completions(request: Request) -> Response:
             usage=usage_of(finals),
         )
 
-    return await _run(request, state, jobs, ctx, chat_events if req.stream else None, build)
+    return await _run(request, state, ctx, chat_events if req.stream else None, build)

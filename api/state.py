@@ -1,29 +1,30 @@
-"""Per-app server state (engine handle, metrics, counters history, admission control)."""
+"""Per-app server state: the engine handle, metrics and the history of the cache counters."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
 from api.config import ApiConfig
-from api.engine_stats import EngineCounters
+from api.engine_stats import CacheCounters, EngineCounters, read_counters
 from api.errors import ApiError
 from api.metrics import ApiMetrics
 from api.stats_history import StatsHistory
 
+if TYPE_CHECKING:
+    from engine.async_engine import AsyncEngine
+
 
 @dataclass
 class ServerState:
-    engine: Any  # engine.async_engine.AsyncEngine
+    engine: AsyncEngine
     config: ApiConfig
     metrics: ApiMetrics
-    history: StatsHistory
-    read_counters: Any  # Callable[[], EngineCounters]
+    history: StatsHistory[CacheCounters]
     started_at: float = field(default_factory=time.time)
-    in_flight: int = 0
     flops_per_token: float = 0.0  # ~2 x parameters: compute a cached prompt token saves
 
     @property
@@ -38,42 +39,18 @@ class ServerState:
         return names
 
     def counters(self) -> EngineCounters:
-        return self.read_counters()
-
-    def flat_counters(self, counters: EngineCounters | None = None) -> dict[str, float]:
-        flat = (counters or self.counters()).flat()
-        flat["output_tokens"] = float(self.metrics.output_tokens)
-        return flat
+        """One snapshot of the engine's counters (blocking engine call: run it off the loop)."""
+        return read_counters(self.engine.snapshot(), self.metrics.output_tokens)
 
     def sample(self) -> None:
         """Records the counters (blocking engine call: run it off the event loop)."""
-        self.history.record(time.time(), self.flat_counters())
+        self.history.record(time.time(), self.counters().cache)
 
     def tokens_per_s(self, window_s: float = 60.0) -> float:
         """Output tokens/s over the last window (API-side counter, no engine call)."""
-        now = time.time()
-        current = {"output_tokens": float(self.metrics.output_tokens)}
-        diff, span = self.history.delta(now, current, window_s)
-        return diff["output_tokens"] / span if span > 0 else 0.0
-
-    @property
-    def queue_limit(self) -> int:
-        return min(self.config.max_queue, getattr(self.engine, "max_in_flight", 1 << 30))
-
-    def acquire(self, weight: int = 1) -> None:
-        """Takes `weight` slots of the bounded queue (release them when done); 429 when full."""
-        if self.in_flight + weight > self.queue_limit:
-            self.metrics.rejected.inc()
-            raise ApiError(
-                429,
-                f"Server is at capacity: {self.in_flight} requests in flight "
-                f"(limit {self.queue_limit}); retry later",
-                code="queue_full",
-            )
-        self.in_flight += weight
-
-    def release(self, weight: int = 1) -> None:
-        self.in_flight -= weight
+        current = CacheCounters(output_tokens=self.metrics.output_tokens)
+        diff, span = self.history.delta(time.time(), current, window_s)
+        return diff.output_tokens / span if span > 0 else 0.0
 
 
 def state_of(request: Request) -> ServerState:

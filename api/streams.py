@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError, error_json
-from api.generation import Job, Timing, run_jobs
+from api.generation import Timing, run_jobs
 from api.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -21,13 +21,16 @@ from api.protocol import (
     dump,
 )
 from api.responses import (
-    DeltaTracker,
     chat_logprobs,
     completion_logprobs,
     finish_reason,
     sse,
     usage_of,
 )
+from engine.outputs import CompletionDelta, RequestOutput, RequestResult
+
+if TYPE_CHECKING:
+    from engine.async_engine import RequestStream
 
 
 class EventStream(StreamingResponse):
@@ -52,8 +55,7 @@ class EventStream(StreamingResponse):
 
 @dataclass
 class StreamContext:
-    engine: Any
-    jobs: list[Job]
+    streams: list[RequestStream]
     timing: Timing
     request_id: str
     created: int
@@ -76,26 +78,28 @@ def _error_event(exc: Exception) -> str:
     return sse(error_json(500, f"Generation failed: {type(exc).__name__}: {exc}"))
 
 
-async def _outputs(ctx: StreamContext, finals: list[Any]) -> AsyncIterator[tuple[int, Any]]:
-    """Job outputs as they come; `finals` keeps the latest output of every job."""
-    finals[:] = [None] * len(ctx.jobs)
-    async for index, out in run_jobs(ctx.engine, ctx.jobs, ctx.timing):
-        finals[index] = out
+async def _outputs(
+    ctx: StreamContext, results: list[RequestResult]
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Job output deltas as they come; `results` folds them (for the usage chunk)."""
+    results[:] = [RequestResult(s.request_id) for s in ctx.streams]
+    async for index, out in run_jobs(ctx.streams, ctx.timing):
+        results[index].add(out)
         yield index, out
     ctx.timing.finish()
 
 
-def _has_news(ctx: StreamContext, text: str, start: int, end: int, done: bool) -> bool:
-    return bool(text) or done or (end > start and ctx.per_token)
+def _has_news(ctx: StreamContext, delta: CompletionDelta) -> bool:
+    return bool(delta.text) or delta.finished or (bool(delta.token_ids) and ctx.per_token)
 
 
 async def _delta_events(
     ctx: StreamContext,
     chunk: Callable[..., str],
-    choices_of: Callable[[int, Any], list[Any]],
+    choices_of: Callable[[int, RequestOutput], list[Any]],
 ) -> AsyncIterator[str]:
     """Runs the jobs: a chunk per output with news, then usage (if asked) and `[DONE]`."""
-    finals: list[Any] = []
+    finals: list[RequestResult] = []
     try:
         async for job, out in _outputs(ctx, finals):
             choices = choices_of(job, out)
@@ -116,24 +120,18 @@ async def chat_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator[str]:
         )
         return sse(dump(body))
 
-    tracker = DeltaTracker()
-
-    def choices_of(_job: int, out: Any) -> list[ChatChunkChoice]:
-        choices = []
-        for c in out.outputs:
-            text, start, end, done = tracker.advance(c.index, c)
-            if not _has_news(ctx, text, start, end, done):
-                continue
-            choices.append(
-                ChatChunkChoice(
-                    index=c.index,
-                    delta=Delta(content=text),
-                    logprobs=chat_logprobs(tokenizer, c, start, end) if ctx.logprobs else None,
-                    finish_reason=finish_reason(c.finish_reason) if done else None,
-                    token_ids=c.token_ids[start:end] if ctx.token_ids else None,
-                )
+    def choices_of(_job: int, out: RequestOutput) -> list[ChatChunkChoice]:
+        return [
+            ChatChunkChoice(
+                index=d.index,
+                delta=Delta(content=d.text),
+                logprobs=chat_logprobs(tokenizer, d) if ctx.logprobs else None,
+                finish_reason=finish_reason(d.finish_reason),
+                token_ids=d.token_ids if ctx.token_ids else None,
             )
-        return choices
+            for d in out.outputs
+            if _has_news(ctx, d)
+        ]
 
     yield chunk(
         [ChatChunkChoice(index=i, delta=Delta(role="assistant", content="")) for i in range(ctx.n)]
@@ -150,24 +148,24 @@ async def completion_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator
         )
         return sse(dump(body))
 
-    tracker = DeltaTracker()
+    text_sent: dict[int, int] = {}  # characters sent per choice (logprob text offsets)
 
-    def choices_of(job: int, out: Any) -> list[CompletionChoice]:
+    def choices_of(job: int, out: RequestOutput) -> list[CompletionChoice]:
         choices = []
-        for c in out.outputs:
-            key = job * ctx.n + c.index
-            text_start = tracker.text.get(key, 0)
-            text, start, end, done = tracker.advance(key, c)
-            if not _has_news(ctx, text, start, end, done):
+        for d in out.outputs:
+            if not _has_news(ctx, d):
                 continue
-            lp = completion_logprobs(tokenizer, c, start, end, text_start) if ctx.logprobs else None
+            key = job * ctx.n + d.index
+            text_start = text_sent.get(key, 0)
+            text_sent[key] = text_start + len(d.text)
+            lp = completion_logprobs(tokenizer, d, text_start) if ctx.logprobs else None
             choices.append(
                 CompletionChoice(
                     index=key,
-                    text=text,
+                    text=d.text,
                     logprobs=lp,
-                    finish_reason=finish_reason(c.finish_reason) if done else None,
-                    token_ids=c.token_ids[start:end] if ctx.token_ids else None,
+                    finish_reason=finish_reason(d.finish_reason),
+                    token_ids=d.token_ids if ctx.token_ids else None,
                 )
             )
         return choices

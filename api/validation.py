@@ -40,21 +40,10 @@ def encode_prompt(tokenizer: Any, prompt: str | list[int]) -> list[int]:
 
 
 def resolve_max_tokens(
-    engine: Any, requested: int | None, prompt_len: int, default: int | None
-) -> int:
-    """The max_tokens to run with; 400 (before any response starts) when the prompt plus
-    max_tokens cannot fit the context window or the whole KV pool."""
-    max_tokens = _fit_window(requested, prompt_len, engine.max_model_len, default)
-    try:
-        engine.check_fits(prompt_len, max_tokens)
-    except ValueError as exc:
-        raise ApiError(400, str(exc), param="max_tokens", code="kv_capacity_exceeded") from exc
-    return max_tokens
-
-
-def _fit_window(
     requested: int | None, prompt_len: int, max_model_len: int, default: int | None
 ) -> int:
+    """The max_tokens to run with; 400 when the prompt plus max_tokens cannot fit the context
+    window. (Whether it fits the KV pool the engine says when the request is admitted.)"""
     if prompt_len >= max_model_len:
         raise ApiError(
             400,

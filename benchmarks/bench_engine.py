@@ -39,6 +39,8 @@ from engine.attention import make_attention_backend
 from engine.config import EngineConfig
 from engine.dtypes import torch_dtype
 from engine.llm_engine import LLMEngine
+from engine.outputs import RequestResult
+from engine.request import Prompt
 from engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=OUT_TOKENS, ignore_eos=True)
@@ -88,8 +90,8 @@ def run_batch(
     t0 = time.monotonic()
     ids = [f"{tag}-{i}" for i in range(len(prompts))]
     for rid, p in zip(ids, prompts, strict=True):
-        engine.add_request(rid, p, GREEDY)
-    done = {}
+        engine.add_request(rid, Prompt(p), GREEDY)
+    done = {rid: RequestResult(rid) for rid in ids}
     while engine.has_unfinished():
         if step_range:
             with torch.profiler.record_function("engine.step"):
@@ -97,8 +99,7 @@ def run_batch(
         else:
             outs = engine.step()
         for out in outs:
-            if out.finished:
-                done[out.request_id] = out
+            done[out.request_id].add(out)
     outs = [done[i] for i in ids]
     return outs, [o.metrics["first_token_time"] - t0 for o in outs]
 

@@ -225,10 +225,10 @@ def bench_loadback(server: RedisServer, tmp: Path, sizes: list[int], repeats: in
             for _ in range(repeats):
                 settle(llm)
                 place_only_in(store, ns, hashes, tier)
-                before = store.stats()[tier]["load_time_s"]
+                before = store.stats().tiers[tier].stats.load_time_s
                 t, loaded = ttft(llm, prompt)
                 load.append(t)
-                reads.append(store.stats()[tier]["load_time_s"] - before)
+                reads.append(store.stats().tiers[tier].stats.load_time_s - before)
             rec, ld = statistics.median(recompute), statistics.median(load)
             rows.append(
                 {

@@ -1,7 +1,8 @@
-"""Async front: the engine loop runs on its own thread; each request gets an asyncio stream.
+"""Async front: the engine loop runs on its own thread; each request gets a RequestStream.
 
 Everything that touches engine state (add, abort, step, cache analytics) runs on the engine thread;
-callers hand it commands through a queue and results come back through futures or streams."""
+callers hand it typed commands through a queue and results come back through futures or streams.
+The one in-flight limit lives here: `open_streams` refuses work beyond `max_in_flight`."""
 
 from __future__ import annotations
 
@@ -9,52 +10,114 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
+from engine.request import GenerateJob, Prompt
 from engine.sampling import SamplingParams
+from engine.stats import EngineSnapshot
+from radixcache.integrity import IntegrityError
+from radixcache.stats import CacheStats, PrefixInfo
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_STOP = object()
 
 
 class EngineOverloaded(RuntimeError):
-    """The bounded waiting queue is full; retry later (HTTP 429/503)."""
+    """The bounded in-flight queue is full; retry later (HTTP 429)."""
 
 
 class EngineDead(RuntimeError):
     """The engine loop stopped (shutdown or a fatal error)."""
 
 
-class _Stream:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+# --- commands for the engine thread ---
+@dataclass(frozen=True)
+class AddRequest:
+    job: GenerateJob
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """Runs `fn(engine, *args)` on the engine thread and resolves `future` with the result."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: Future = field(default_factory=Future)
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+Command = AddRequest | AbortRequest | EngineCall | Shutdown
+
+
+class RequestStream:
+    """One request's output deltas as they arrive. Closing it before the end aborts the request."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str) -> None:
+        self.request_id = request_id
+        self.finished = False
+        self._engine = engine
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
     def put(self, item: RequestOutput | BaseException) -> bool:
+        """Called on the engine thread; False when the consumer's event loop is gone."""
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the consumer's event loop is closed: nobody will read this
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:
             return False
         return True
 
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:  # cancelled while waiting: the consumer is gone
+            await self.aclose()
+            raise
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+    async def aclose(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self._engine.abort(self.request_id)
+
 
 class AsyncEngine:
-    def __init__(self, config: EngineConfig, engine: LLMEngine | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, engine: LLMEngine | None = None, max_in_flight: int = 0
+    ) -> None:
+        """`max_in_flight`: requests running or waiting (0: max_num_seqs + max_waiting_requests)."""
         self.config = config
         self.engine = engine if engine is not None else LLMEngine(config)
-        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._streams: dict[str, _Stream] = {}
-        self._in_flight = 0
-        self._lock = threading.Lock()
+        self.max_in_flight = max_in_flight or config.max_num_seqs + config.max_waiting_requests
+        self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}
+        self._lock = threading.Lock()  # guards _streams (event loop threads and engine thread)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.max_in_flight = config.max_num_seqs + config.max_waiting_requests
 
     # --- identity ---
     @property
@@ -69,9 +132,13 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
-    def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
-        """Raises RequestTooLarge when the request alone can never fit (reads constants only)."""
-        self.engine.scheduler.check_fits(num_prompt_tokens, max_tokens)
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.engine.model.parameters())
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._streams)
 
     # --- lifecycle ---
     def start(self) -> None:
@@ -81,7 +148,7 @@ class AsyncEngine:
 
     def shutdown(self) -> None:
         if self._thread is not None:
-            self._inbox.put(_STOP)
+            self._inbox.put(Shutdown())
             self._thread.join()
             self._thread = None
         self.engine.close()
@@ -90,90 +157,86 @@ class AsyncEngine:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    # --- requests ---
-    async def generate(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams,
-        request_id: str,
-        cache_salt: str = "",
-    ) -> AsyncIterator[RequestOutput]:
-        """Cumulative outputs as tokens arrive; the last one is finished."""
+    # --- requests (call from an event loop) ---
+    def open_streams(self, jobs: list[GenerateJob]) -> list[RequestStream]:
+        """Admits all jobs or none: raises EngineDead, RequestTooLarge (or ValueError for an empty
+        prompt or a duplicate id), EngineOverloaded, in that order."""
         if not self.is_running:
             raise EngineDead("the engine is not running") from self._error
-        tokens = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not tokens:
-            raise ValueError("the prompt is empty")
-        self.engine.scheduler.check_fits(len(tokens), params.max_tokens)
+        for job in jobs:
+            self.engine.check_request(job.prompt, job.params)
         with self._lock:
-            if self._in_flight >= self.max_in_flight:
-                raise EngineOverloaded(f"{self._in_flight} requests in flight; try again later")
-            if request_id in self._streams:
-                raise ValueError(f"duplicate request id {request_id!r}")
-            self._in_flight += 1
-            stream = _Stream(asyncio.get_running_loop())
-            self._streams[request_id] = stream
-        text = prompt if isinstance(prompt, str) else None
-        self._inbox.put(("add", request_id, text, tokens, params, cache_salt))
-        finished = False
-        try:
-            while not finished:
-                item = await stream.queue.get()
-                while not stream.queue.empty() and not isinstance(item, BaseException):
-                    if item.finished:
-                        break
-                    item = stream.queue.get_nowait()  # cumulative: the newest supersedes
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:
-                self.abort(request_id)
+            if len(self._streams) + len(jobs) > self.max_in_flight:
+                raise EngineOverloaded(
+                    f"{len(self._streams)} requests in flight (limit {self.max_in_flight})"
+                )
+            ids = [job.request_id for job in jobs]
+            if len(set(ids)) < len(ids) or any(i in self._streams for i in ids):
+                raise ValueError(f"duplicate request id among {ids!r}")
+            streams = [RequestStream(self, i) for i in ids]
+            self._streams.update(zip(ids, streams, strict=True))
+        for job in jobs:
+            self._inbox.put(AddRequest(job))
+        return streams
+
+    def generate(
+        self, prompt: Prompt, params: SamplingParams, request_id: str, cache_salt: str = ""
+    ) -> RequestStream:
+        """Output deltas as tokens arrive; the last one is finished."""
+        return self.open_streams([GenerateJob(request_id, prompt, params, cache_salt)])[0]
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
+        self._inbox.put(AbortRequest(request_id))
 
-    # --- calls run on the engine thread ---
-    def call(self, fn: Callable[[LLMEngine], T]) -> T:
-        """Runs fn(engine) on the engine thread (or here, when the loop is not running)."""
-        if not self.is_running or threading.current_thread() is self._thread:
-            return fn(self.engine)
-        future: Future[T] = Future()
-        self._inbox.put(("call", fn, future))
-        return future.result()
+    # --- analytics and administration (blocking: call off the event loop) ---
+    def snapshot(self) -> EngineSnapshot:
+        return self._call(LLMEngine.snapshot)
 
-    def stats(self) -> dict[str, Any]:
-        return self.call(lambda e: e.stats_snapshot())
-
-    def cache_stats(self) -> Any:
-        return self.call(lambda e: e.prefix_cache.stats())
+    def cache_stats(self) -> CacheStats:
+        return self._call(LLMEngine.cache_stats)
 
     def lookup(self, token_ids: list[int], cache_salt: str = "") -> dict[str, int]:
-        return self.call(lambda e: e.lookup(token_ids, cache_salt))
+        return self._call(LLMEngine.lookup, token_ids, cache_salt)
 
     def flush(self, cache_salt: str | None = None) -> int:
-        return self.call(lambda e: e.flush(cache_salt))
+        return self._call(LLMEngine.flush, cache_salt)
 
     def pin(self, token_ids: list[int], cache_salt: str = "") -> int:
-        return self.call(lambda e: e.prefix_cache.pin(e.namespace_for(cache_salt), token_ids))
+        return self._call(LLMEngine.pin, token_ids, cache_salt)
 
     def unpin(self, token_ids: list[int], cache_salt: str = "") -> int:
-        return self.call(lambda e: e.prefix_cache.unpin(e.namespace_for(cache_salt), token_ids))
+        return self._call(LLMEngine.unpin, token_ids, cache_salt)
 
-    def hottest_prefixes(self, limit: int = 10, cache_salt: str | None = None) -> list[Any]:
-        return self.call(lambda e: e.hottest_prefixes(limit, cache_salt))
+    def hottest_prefixes(self, limit: int = 10, cache_salt: str | None = None) -> list[PrefixInfo]:
+        return self._call(LLMEngine.hottest_prefixes, limit, cache_salt)
 
     def check_integrity(self) -> None:
-        self.call(lambda e: e.prefix_cache.check_integrity())
+        self._call(LLMEngine.check_integrity)
 
-    # --- the loop ---
+    def integrity_error(self) -> str | None:
+        """check_integrity's finding as text, None when every invariant holds."""
+        try:
+            self.check_integrity()
+        except IntegrityError as exc:
+            return str(exc)
+        return None
+
+    def has_unfinished(self) -> bool:
+        return self._call(LLMEngine.has_unfinished)
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(engine, *args) on the engine thread (or here, when the loop is not running); it
+        runs after every command queued before it."""
+        if not self.is_running or threading.current_thread() is self._thread:
+            return fn(self.engine, *args)
+        call = EngineCall(fn, args)
+        self._inbox.put(call)
+        return call.future.result()
+
+    # --- the loop (engine thread) ---
     def _loop(self) -> None:
         try:
-            while True:
-                if not self._drain(block=not self.engine.has_unfinished()):
-                    return
+            while self._drain(block=not self.engine.has_unfinished()):
                 if self.engine.has_unfinished():
                     for out in self.engine.step():
                         self._deliver(out)
@@ -193,47 +256,41 @@ class AsyncEngine:
             except queue.Empty:
                 return True
             block = False
-            if cmd is _STOP:
+            if isinstance(cmd, Shutdown):
                 self._abort_all()
                 return False
             self._apply(cmd)
 
-    def _apply(self, cmd: tuple) -> None:
-        kind = cmd[0]
-        if kind == "add":
-            _, request_id, text, tokens, params, salt = cmd
-            try:
-                self.engine.add_request(request_id, tokens, params, salt, prompt_text=text)
-            except Exception as exc:
-                self._fail(request_id, exc)
-        elif kind == "abort":
-            out = self.engine.abort(cmd[1])
-            if out is not None:
-                self._deliver(out)
-        elif kind == "call":
-            _, fn, future = cmd
-            try:
-                future.set_result(fn(self.engine))
-            except Exception as exc:
-                future.set_exception(exc)
+    def _apply(self, cmd: Command) -> None:
+        match cmd:
+            case AddRequest(job):
+                try:
+                    self.engine.add_request(job.request_id, job.prompt, job.params, job.cache_salt)
+                except Exception as exc:
+                    self._fail(job.request_id, exc)
+            case AbortRequest(request_id):
+                out = self.engine.abort(request_id)
+                if out is not None:
+                    self._deliver(out)
+            case EngineCall(fn, args, future):
+                try:
+                    future.set_result(fn(self.engine, *args))
+                except Exception as exc:
+                    future.set_exception(exc)
 
     def _deliver(self, out: RequestOutput) -> None:
         with self._lock:
             stream = self._streams.get(out.request_id)
             if stream is not None and out.finished:
                 del self._streams[out.request_id]
-                self._in_flight -= 1
         if stream is not None and not stream.put(out) and not out.finished:
-            self.engine.abort(out.request_id)
+            self.engine.abort(out.request_id)  # nobody reads it any more
             with self._lock:
-                if self._streams.pop(out.request_id, None) is not None:
-                    self._in_flight -= 1
+                self._streams.pop(out.request_id, None)
 
     def _fail(self, request_id: str, exc: BaseException) -> None:
         with self._lock:
             stream = self._streams.pop(request_id, None)
-            if stream is not None:
-                self._in_flight -= 1
         if stream is not None:
             stream.put(exc)
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.dtypes import DTYPES  # noqa: F401 (llm_engine reads the table from here for now)
+from engine.dtypes import DTYPES  # noqa: F401 (engine/factory.py reads the table from here for now)
 
 
 def bytes_per_block(

@@ -8,10 +8,11 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
+from engine.outputs import RequestResult
+from engine.request import Prompt
 from engine.sampling import SamplingParams
 
-Prompt = str | list[int]
+PromptInput = str | list[int]
 Messages = list[dict[str, Any]]
 
 
@@ -26,12 +27,12 @@ class LLM:
 
     def generate(
         self,
-        prompts: Prompt | Sequence[Prompt],
+        prompts: PromptInput | Sequence[PromptInput],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         cache_salt: str = "",
-    ) -> list[RequestOutput]:
-        """Runs every prompt to completion (batched); outputs in the order of the prompts."""
+    ) -> list[RequestResult]:
+        """Runs every prompt to completion (batched); results in the order of the prompts."""
         batch = _as_prompt_list(prompts)
         if params is None or isinstance(params, SamplingParams):
             param_list = [params or SamplingParams()] * len(batch)
@@ -39,17 +40,27 @@ class LLM:
             param_list = list(params)
             if len(param_list) != len(batch):
                 raise ValueError("give one SamplingParams or one per prompt")
-        ids = []
-        for prompt, p in zip(batch, param_list, strict=True):
-            request_id = f"offline-{next(self._ids)}"
-            self.engine.add_request(request_id, prompt, p, cache_salt)
-            ids.append(request_id)
-        done: dict[str, RequestOutput] = {}
-        while len(done) < len(ids):
+        results: dict[str, RequestResult] = {}
+        try:
+            for prompt, p in zip(batch, param_list, strict=True):
+                request_id = f"offline-{next(self._ids)}"
+                self.engine.add_request(request_id, self._tokenize(prompt), p, cache_salt)
+                results[request_id] = RequestResult(request_id)
+        except Exception:  # one bad prompt: run none of the batch
+            for request_id in results:
+                self.engine.abort(request_id)
+            raise
+        unfinished = len(results)
+        while unfinished:
             for out in self.engine.step():
-                if out.finished:
-                    done[out.request_id] = out
-        return [done[i] for i in ids]
+                results[out.request_id].add(out)
+                unfinished -= out.finished
+        return list(results.values())
+
+    def _tokenize(self, prompt: PromptInput) -> Prompt:
+        if isinstance(prompt, str):
+            return Prompt(list(self.tokenizer.encode(prompt)), prompt)
+        return Prompt(list(prompt))
 
     def chat(
         self,
@@ -57,7 +68,7 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         cache_salt: str = "",
-    ) -> list[RequestOutput]:
+    ) -> list[RequestResult]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [
             self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True)
@@ -66,7 +77,7 @@ class LLM:
         return self.generate(prompts, params, cache_salt=cache_salt)
 
 
-def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+def _as_prompt_list(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
     if isinstance(prompts, str):
         return [prompts]
     prompts = list(prompts)

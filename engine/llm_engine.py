@@ -1,4 +1,4 @@
-"""The engine core: requests in, one scheduled step at a time, cumulative outputs out.
+"""The engine core: typed prompts in, one scheduled step at a time, output deltas out.
 
 Single-threaded: the offline LLM calls step() in a loop; the AsyncEngine calls it on its own thread."""
 
@@ -6,88 +6,49 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 import torch
 
 from engine.analytics import CacheAnalytics
-from engine.block_manager import BlockManager, NoCacheBlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.kv_cache import DTYPES, KVCache
-from engine.kv_tiers import KVTiers
-from engine.model_runner import ModelRunner
+from engine.factory import build_parts
+from engine.model_runner import ForwardResult
 from engine.outputs import RequestOutput, request_output
-from engine.request import Request, Sequence
-from engine.sampler import Sampler, SampleRow
+from engine.request import Prompt, Request, Sequence
+from engine.sampler import SamplerOutput, SampleRow
 from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler
-from engine.stats import EngineStats, StepStats
+from engine.scheduler import ScheduledBatch
+from engine.stats import EngineSnapshot, EngineStats, StepStats
+from engine.stop_checker import StopChecker
 from radixcache.hashing import Namespace
-from radixcache.prefix_cache import PrefixCache
+from radixcache.stats import CacheStats, PrefixInfo
 
-DEFAULT_KV_CACHE_MEMORY = 1 << 30
 log = logging.getLogger(__name__)
 
 
-class LLMEngine(CacheAnalytics):
+class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        from engine.loader import ensure_default_model, load_model, load_tokenizer
-
+        parts = build_parts(config)
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
-        path = Path(config.model) if config.model else ensure_default_model()
-        self.model_path = path
-        self.model_name = path.name
-        self.device = torch.device(config.device)
-        dtype = DTYPES[config.dtype]
-        self.model = load_model(path, dtype, self.device)
-        self.tokenizer = load_tokenizer(path)
-        mc = self.model.config
-        self.max_model_len = min(
-            config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
-        )
-        self.kv_cache = KVCache.from_budget(
-            mc.num_hidden_layers,
-            config.block_size,
-            mc.num_key_value_heads,
-            mc.head_dim,
-            dtype,
-            self.device,
-            memory_bytes=config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY,
-            num_blocks=config.num_blocks,
-        )
-        self.namespace = Namespace(
-            model_id=self.model.model_id, kv_dtype=config.dtype, block_size=config.block_size
-        )
-        self.tiers = self._make_tiers(config)
-        self.prefix_cache = PrefixCache(
-            self.kv_cache.num_blocks, config.block_size, policy=config.eviction_policy
-        )
-        if config.enable_prefix_caching:
-            self.blocks = BlockManager(self.prefix_cache, self.kv_cache, self.tiers)
-        else:
-            self.blocks = NoCacheBlockManager(self.prefix_cache, self.kv_cache)
-        self.scheduler = Scheduler(
-            self.blocks,
-            self.kv_cache.num_blocks,
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
-            self.max_model_len,
-        )
-        self.runner = ModelRunner(self.model, self.kv_cache, self.device)
-        self.sampler = Sampler(config.seed)
-        self.eos_token_ids = set(self.tokenizer.eos_token_ids)
+        self.model = parts.model
+        self.model_name = parts.model_path.name
+        self.tokenizer = parts.tokenizer
+        self.max_model_len = parts.max_model_len
+        self.namespace = parts.namespace
+        self.kv_cache = parts.kv_cache
+        self.prefix_cache = parts.prefix_cache
+        self.tiers = parts.tiers
+        self.blocks = parts.blocks
+        self.scheduler = parts.scheduler
+        self.runner = parts.runner
+        self.sampler = parts.sampler
+        self.stop = StopChecker(set(self.tokenizer.eos_token_ids), self.max_model_len)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
-
-    def _make_tiers(self, config: EngineConfig) -> KVTiers | None:
-        if config.tiers is None:
-            return None
-        from storage.tiered import TieredStore
-
-        return KVTiers(TieredStore(config.tiers), self.kv_cache)
+        self.analytics = CacheAnalytics(
+            self.stats, self.scheduler, self.blocks, self.prefix_cache, self.tiers
+        )
 
     def close(self) -> None:
         """Finishes queued tier writes and stops the tier threads."""
@@ -99,41 +60,30 @@ class LLMEngine(CacheAnalytics):
         return self.namespace.with_salt(cache_salt) if cache_salt else self.namespace
 
     def add_request(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams,
-        cache_salt: str = "",
-        *,
-        prompt_text: str | None = None,
+        self, request_id: str, prompt: Prompt, params: SamplingParams, cache_salt: str = ""
     ) -> Request:
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
-        text = prompt if isinstance(prompt, str) else prompt_text
-        tokens = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not tokens:
-            raise ValueError("the prompt is empty")
         try:
-            self.scheduler.check_fits(len(tokens), params.max_tokens)
+            self.check_request(prompt, params)
         except ValueError:
             self.stats.requests_rejected += 1
             raise
-        request = Request(request_id, text, tokens, params, self.namespace_for(cache_salt))
-        seq = self._new_sequence(request, 0, list(tokens))
+        request = Request(
+            request_id, prompt.text, prompt.token_ids, params, self.namespace_for(cache_salt)
+        )
+        seq = self._new_sequence(request, 0, list(prompt.token_ids))
         seq.pending_forks = params.n - 1
         self.requests[request_id] = request
         self.scheduler.add(seq)
         return request
 
-    def _new_sequence(self, request: Request, index: int, token_ids: list[int]) -> Sequence:
-        params = request.params
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator().manual_seed(params.seed * 1_000_003 + index)
-        detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
-        seq = Sequence(request, index, token_ids, len(request.prompt_token_ids), generator, detok)
-        request.seqs.append(seq)
-        return seq
+    def check_request(self, prompt: Prompt, params: SamplingParams) -> None:
+        """ValueError (RequestTooLarge) when the request can never run; reads constants only,
+        so any thread may call it."""
+        if not prompt.token_ids:
+            raise ValueError("the prompt is empty")
+        self.scheduler.check_fits(len(prompt.token_ids), params.max_tokens)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         request = self.requests.pop(request_id, None)
@@ -150,7 +100,7 @@ class LLMEngine(CacheAnalytics):
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    # --- one step ---
+    # --- one step: schedule -> run -> sample -> postprocess ---
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
@@ -158,23 +108,39 @@ class LLMEngine(CacheAnalytics):
             return self._unblock()
         stats = self._batch_stats(batch)
         result = self.runner.execute(batch)
+        self._commit(batch)
+        rows, logits = self._sampling_rows(batch, result)
+        t1 = time.perf_counter()
+        sampled = self.sampler(logits, [self._sample_row(s) for s in rows])
+        stats.sample_time = time.perf_counter() - t1
+        outputs = self._postprocess(rows, sampled)
+        stats.forward_time = result.forward_time
+        stats.step_time = time.perf_counter() - t0
+        self.stats.record(stats)
+        return outputs
+
+    def _commit(self, batch: ScheduledBatch) -> None:
+        """The step computed these tokens' KV: full blocks go to the tree."""
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
             self.blocks.commit(seq)
+
+    def _sampling_rows(
+        self, batch: ScheduledBatch, result: ForwardResult
+    ) -> tuple[list[Sequence], torch.Tensor]:
+        """The sequences that sample this step, with their logits: a prompt that just finished
+        prefill forks its n-1 siblings here, each sampling from the parent's row."""
         rows = [batch.seqs[i] for i in result.sample_index]
         logit_rows = list(range(len(rows)))
         for j, parent in enumerate(list(rows)):
             for child in self._fork(parent):
                 rows.append(child)
                 logit_rows.append(j)
-        logits = (
-            result.logits
-            if len(logit_rows) == len(result.sample_index)
-            else result.logits[logit_rows]
-        )
-        t1 = time.perf_counter()
-        sampled = self.sampler(logits, [self._sample_row(s) for s in rows])
-        stats.sample_time = time.perf_counter() - t1
+        if len(logit_rows) == len(result.sample_index):
+            return rows, result.logits
+        return rows, result.logits[logit_rows]
+
+    def _postprocess(self, rows: list[Sequence], sampled: SamplerOutput) -> list[RequestOutput]:
         touched: dict[str, Request] = {}
         for i, seq in enumerate(rows):
             lp = None if sampled.logprobs is None else sampled.logprobs[i]
@@ -186,10 +152,23 @@ class LLMEngine(CacheAnalytics):
             if out.finished:
                 del self.requests[out.request_id]
                 self.stats.requests_finished += 1
-        stats.forward_time = result.forward_time
-        stats.step_time = time.perf_counter() - t0
-        self.stats.record(stats)
         return outputs
+
+    def _append_token(
+        self, seq: Sequence, token: int, logprob: float | None, top: dict | None
+    ) -> None:
+        seq.token_ids.append(token)
+        if seq.first_token_time is None:
+            seq.first_token_time = time.monotonic()
+        if logprob is not None:
+            seq.logprobs = seq.logprobs if seq.logprobs is not None else []
+            seq.top_logprobs = seq.top_logprobs if seq.top_logprobs is not None else []
+            seq.logprobs.append(logprob)
+            seq.top_logprobs.append(top or {})
+        reason = self.stop.check(seq, token)
+        if reason is not None:
+            seq.finish_reason = reason
+            self.scheduler.remove(seq)
 
     def _unblock(self) -> list[RequestOutput]:
         """Nothing runs, yet the head of the queue cannot be admitted (pinned blocks hold the
@@ -217,6 +196,17 @@ class LLMEngine(CacheAnalytics):
                 stats.num_prefill_tokens += n
         return stats
 
+    # --- sequences ---
+    def _new_sequence(self, request: Request, index: int, token_ids: list[int]) -> Sequence:
+        params = request.params
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator().manual_seed(params.seed * 1_000_003 + index)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
+        seq = Sequence(request, index, token_ids, len(request.prompt_token_ids), generator, detok)
+        request.seqs.append(seq)
+        return seq
+
     def _fork(self, parent: Sequence) -> list[Sequence]:
         children = []
         while parent.pending_forks > 0:
@@ -234,27 +224,29 @@ class LLMEngine(CacheAnalytics):
     def _sample_row(seq: Sequence) -> SampleRow:
         return SampleRow(seq.params, seq.token_ids, seq.num_prompt_tokens, seq.generator)
 
-    def _append_token(
-        self, seq: Sequence, token: int, logprob: float | None, top: dict | None
-    ) -> None:
-        params = seq.params
-        seq.token_ids.append(token)
-        if seq.first_token_time is None:
-            seq.first_token_time = time.monotonic()
-        if logprob is not None:
-            seq.logprobs = seq.logprobs if seq.logprobs is not None else []
-            seq.top_logprobs = seq.top_logprobs if seq.top_logprobs is not None else []
-            seq.logprobs.append(logprob)
-            seq.top_logprobs.append(top or {})
-        reason = None
-        if (
-            (not params.ignore_eos and token in self.eos_token_ids)
-            or token in params.stop_token_ids
-            or seq.detok.append(token)
-        ):
-            reason = "stop"
-        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            reason = "length"
-        if reason is not None:
-            seq.finish_reason = reason
-            self.scheduler.remove(seq)
+    # --- cache analytics and administration ---
+    def snapshot(self) -> EngineSnapshot:
+        return self.analytics.snapshot()
+
+    def cache_stats(self) -> CacheStats:
+        return self.prefix_cache.stats()
+
+    def lookup(self, token_ids: list[int], cache_salt: str = "") -> dict[str, int]:
+        return self.analytics.lookup(self.namespace_for(cache_salt), token_ids)
+
+    def hottest_prefixes(self, limit: int = 10, cache_salt: str | None = None) -> list[PrefixInfo]:
+        ns = None if cache_salt is None else self.namespace_for(cache_salt)
+        return self.analytics.hottest_prefixes(limit, ns)
+
+    def flush(self, cache_salt: str | None = None) -> int:
+        """Evicts every unreferenced cached block (spilling it to the tiers); blocks evicted."""
+        return self.blocks.flush(None if cache_salt is None else self.namespace_for(cache_salt))
+
+    def pin(self, token_ids: list[int], cache_salt: str = "") -> int:
+        return self.prefix_cache.pin(self.namespace_for(cache_salt), token_ids)
+
+    def unpin(self, token_ids: list[int], cache_salt: str = "") -> int:
+        return self.prefix_cache.unpin(self.namespace_for(cache_salt), token_ids)
+
+    def check_integrity(self) -> None:
+        self.prefix_cache.check_integrity()

@@ -1,4 +1,5 @@
-"""What the engine returns for a request (cumulative: each output carries everything so far)."""
+"""What the engine returns for a request: deltas (what each sample produced since the last output),
+and the accumulator that folds them into whole completions for callers that wait for the end."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.request import Request
+    from engine.request import Request, Sequence
 
 
 @dataclass
-class CompletionOutput:
+class CompletionDelta:
+    """One sample's news: tokens, visible text and logprobs after the previous delta."""
+
     index: int
     text: str
     token_ids: list[int]
@@ -27,9 +30,8 @@ class CompletionOutput:
 @dataclass
 class RequestOutput:
     request_id: str
-    prompt: str | None
     prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
+    outputs: list[CompletionDelta]  # samples with news only
     num_cached_tokens: int = 0
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     finished: bool = False
@@ -40,18 +42,26 @@ class RequestOutput:
         return len(self.prompt_token_ids)
 
 
+def take_delta(seq: Sequence) -> CompletionDelta | None:
+    """seq's news since the last call (None when there is none); marks it sent."""
+    finished = seq.is_finished
+    text = seq.detok.visible_text(finished)
+    start, end = seq.num_prompt_tokens + seq.num_sent_tokens, seq.num_tokens
+    new_text = text[seq.num_sent_chars :]
+    if end == start and not new_text and (not finished or seq.finish_sent):
+        return None
+    lp = None if seq.logprobs is None else seq.logprobs[seq.num_sent_tokens :]
+    top = None if seq.top_logprobs is None else seq.top_logprobs[seq.num_sent_tokens :]
+    seq.num_sent_tokens = end - seq.num_prompt_tokens
+    seq.num_sent_chars = len(text)
+    seq.finish_sent = finished
+    return CompletionDelta(
+        seq.index, new_text, seq.token_ids[start:end], seq.finish_reason, lp, top
+    )
+
+
 def request_output(request: Request, finished: bool) -> RequestOutput:
-    outs = [
-        CompletionOutput(
-            s.index,
-            s.detok.visible_text(s.is_finished),
-            s.output_token_ids,
-            s.finish_reason,
-            None if s.logprobs is None else list(s.logprobs),
-            None if s.top_logprobs is None else list(s.top_logprobs),
-        )
-        for s in sorted(request.seqs, key=lambda s: s.index)
-    ]
+    deltas = [take_delta(s) for s in sorted(request.seqs, key=lambda s: s.index)]
     first = request.seqs[0]
     metrics = {"arrival_time": request.arrival_time}
     if first.first_token_time is not None:
@@ -60,11 +70,56 @@ def request_output(request: Request, finished: bool) -> RequestOutput:
         metrics["finish_time"] = time.monotonic()
     return RequestOutput(
         request.request_id,
-        request.prompt,
         request.prompt_token_ids,
-        outs,
+        [d for d in deltas if d is not None],
         first.num_cached_tokens,
         dict(first.cached_by_tier),
         finished,
         metrics,
     )
+
+
+@dataclass
+class Completion:
+    """One whole sample, folded from its deltas."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    logprobs: list[float] | None = None
+    top_logprobs: list[dict[int, float]] | None = None
+
+    def add(self, delta: CompletionDelta) -> None:
+        self.text += delta.text
+        self.token_ids += delta.token_ids
+        self.finish_reason = delta.finish_reason
+        if delta.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs, self.top_logprobs = [], []
+            self.logprobs += delta.logprobs
+            self.top_logprobs += delta.top_logprobs or []  # type: ignore[operator]
+
+
+@dataclass
+class RequestResult:
+    """A whole request: every sample folded from the stream of RequestOutputs."""
+
+    request_id: str
+    prompt_token_ids: list[int] = field(default_factory=list)
+    outputs: list[Completion] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    finished: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def add(self, out: RequestOutput) -> None:
+        self.prompt_token_ids = out.prompt_token_ids
+        for delta in out.outputs:
+            while len(self.outputs) <= delta.index:
+                self.outputs.append(Completion(len(self.outputs)))
+            self.outputs[delta.index].add(delta)
+        self.num_cached_tokens = out.num_cached_tokens
+        self.cached_tokens_by_tier = out.cached_tokens_by_tier
+        self.finished = out.finished
+        self.metrics = out.metrics

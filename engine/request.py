@@ -26,6 +26,24 @@ class RequestTooLarge(ValueError):
     """The request alone needs more KV blocks or context than the engine has."""
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """A tokenized prompt (the API or the offline LLM tokenizes; the engine never does)."""
+
+    token_ids: list[int]
+    text: str | None = None  # the text it came from, when there was one
+
+
+@dataclass(frozen=True)
+class GenerateJob:
+    """One request for the async engine: id, prompt, sampling, tenant salt."""
+
+    request_id: str
+    prompt: Prompt
+    params: SamplingParams
+    cache_salt: str = ""
+
+
 _seq_counter = itertools.count()
 
 
@@ -47,7 +65,10 @@ class Sequence:
     num_cached_tokens: int = 0  # prefix reused at (first) admission: device + lower tiers
     cached_by_tier: dict[str, int] = field(default_factory=dict)
     pending_forks: int = 0  # samples to fork off when the prompt's last token is computed
-    # --- outputs ---
+    # --- outputs (emitted as deltas: what came after num_sent_*) ---
+    num_sent_tokens: int = 0
+    num_sent_chars: int = 0
+    finish_sent: bool = False
     finish_reason: str | None = None
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixcache.stats import CacheStats
+    from storage.store_stats import StoreSnapshot
 
 
 @dataclass
@@ -57,9 +62,27 @@ class EngineStats:
     def python_overhead(self) -> float:
         return max(0.0, self.step_time - self.forward_time - self.sample_time)
 
+    def copy(self) -> EngineStats:
+        return EngineStats(
+            **{k: v for k, v in vars(self).items() if k not in ("recent", "cached_tokens_by_tier")},
+            cached_tokens_by_tier=dict(self.cached_tokens_by_tier),
+            recent=deque(self.recent, maxlen=self.recent.maxlen),
+        )
+
     def snapshot(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "recent"}
         out["python_overhead"] = self.python_overhead
         out["python_overhead_per_step"] = self.python_overhead / max(1, self.num_steps)
         out["last_step"] = asdict(self.recent[-1]) if self.recent else None
         return out
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Everything the engine reports at one moment (the API renders it; nothing reaches in)."""
+
+    totals: EngineStats  # a copy
+    running: int
+    waiting: int
+    cache: CacheStats
+    tiers: StoreSnapshot | None

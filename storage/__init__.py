@@ -7,7 +7,7 @@ Public API (what the engine uses):
         .write_through / .publish(ns, [(block_hash, kv)]) computed blocks to Redis at once
         .load_prefix(ns, hashes, deadline_s=None, shape=None) -> LoadResult(tiers, blocks)
         .locate(ns, hashes) -> [tier name]; .lookup_tokens(ns, hashes) -> {tier: tokens}
-        .stats() -> {tier name: counters, "store": counters}; .wait_idle(); .close()
+        .stats() -> StoreSnapshot(tiers={name: TierSnapshot}, store, pending_blocks); .wait_idle()
     Tiers (HostTier, DiskTier, RedisTier): batch contains / get / put / delete by block hash.
     Codec: encode_block(kv) -> bytes; decode_block(bytes, dtype, shape) -> tensor | CorruptBlock.
 A block's KV is kv_cache[:, :, block_id]: [num_layers, 2, block_size, num_kv_heads, head_dim].
@@ -19,7 +19,8 @@ from storage.config import TierConfig
 from storage.disk import DiskTier
 from storage.host import HostTier
 from storage.redis_tier import RedisTier
-from storage.tiered import LoadResult, StoreStats, TieredStore
+from storage.store_stats import StoreSnapshot, StoreStats, TierSnapshot
+from storage.tiered import LoadResult, TieredStore
 
 __all__ = [
     "CorruptBlock",
@@ -27,9 +28,11 @@ __all__ = [
     "HostTier",
     "LoadResult",
     "RedisTier",
+    "StoreSnapshot",
     "StoreStats",
     "Tier",
     "TierConfig",
+    "TierSnapshot",
     "TierStats",
     "TieredStore",
     "decode_block",

@@ -12,6 +12,7 @@ from storage.host import HostTier
 from storage.redis_tier import RedisTier
 
 WritePolicy = Literal["write-back", "write-through"]
+DiskFsync = Literal["none", "per-file"]
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,15 @@ class TierConfig:
     deadline_s: float = 0.5  # the longest load_prefix may keep the engine waiting
     queue_blocks: int = 4096  # blocks waiting for the writer thread; more are dropped and counted
     disk_full_cooldown_s: float = 30.0  # writes stop this long after ENOSPC
+    disk_fsync: DiskFsync = "none"  # per-file: fsync each block file and its folder (see disk.py)
 
     def __post_init__(self) -> None:
         if self.write_policy not in ("write-back", "write-through"):
             raise ValueError(
                 f"write_policy must be write-back or write-through, not {self.write_policy!r}"
             )
+        if self.disk_fsync not in ("none", "per-file"):
+            raise ValueError(f"disk_fsync must be none or per-file, not {self.disk_fsync!r}")
         if self.host_bytes < 0 or self.disk_bytes < 0 or self.queue_blocks < 0:
             raise ValueError("byte budgets and queue size must be >= 0")
         if self.deadline_s <= 0:
@@ -56,7 +60,12 @@ class TierConfig:
             tiers.append(HostTier(self.host_bytes))
         if self.disk_path is not None:
             tiers.append(
-                DiskTier(self.disk_path, self.disk_bytes, full_cooldown_s=self.disk_full_cooldown_s)
+                DiskTier(
+                    self.disk_path,
+                    self.disk_bytes,
+                    full_cooldown_s=self.disk_full_cooldown_s,
+                    fsync=self.disk_fsync == "per-file",
+                )
             )
         if self.redis_url is not None:
             tiers.append(

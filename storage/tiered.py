@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -23,27 +23,18 @@ from storage.base import Tier
 from storage.codec import CorruptBlock, decode_block
 from storage.config import TierConfig
 from storage.loading import LoadJob, leading_run, segments
+from storage.store_stats import StoreSnapshot, StoreStats, TierSnapshot
 from storage.writer import TierWriter
 
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
 
-__all__ = ["LoadResult", "StoreStats", "TierConfig", "TieredStore"]
+__all__ = ["LoadResult", "TierConfig", "TieredStore"]
 
 
 class LoadResult(NamedTuple):
     tiers: list[str]  # tier name per loaded block, in order
     blocks: list[torch.Tensor]  # [layers, 2, block_size, kv_heads, head_dim] each (read-only)
-
-
-@dataclass
-class StoreStats:
-    stored_blocks: int = 0  # blocks handed to store() and queued
-    dropped_blocks: int = 0  # blocks refused because the writer queue was full
-    loads: int = 0  # load_prefix calls that asked the tiers
-    loaded_blocks: int = 0
-    deadline_misses: int = 0  # load_prefix calls that returned at the deadline
-    load_errors: int = 0  # load_prefix calls cut short by an unexpected tier exception
 
 
 class TieredStore:
@@ -116,13 +107,13 @@ class TieredStore:
             out[name] += ns.block_size
         return out
 
-    def stats(self) -> dict[str, dict[str, float]]:
-        """Snapshot: one dict of counters per tier name, plus "store"."""
-        out = {tier.name: tier.stats.snapshot() for tier in self.tiers}
-        for tier in self.tiers:
-            out[tier.name]["used_bytes"] = tier.used_bytes()
-        out["store"] = asdict(self.store_stats) | {"pending_blocks": self._writer.pending}
-        return out
+    def stats(self) -> StoreSnapshot:
+        budgets = {"host": self.config.host_bytes, "disk": self.config.disk_bytes}
+        tiers = {
+            t.name: TierSnapshot(replace(t.stats), t.used_bytes(), budgets.get(t.name))
+            for t in self.tiers
+        }
+        return StoreSnapshot(tiers, replace(self.store_stats), self._writer.pending)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every queued write is done (tests, shutdown). False on timeout."""

@@ -21,7 +21,7 @@ from storage.codec import encode_block
 
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
-    from storage.tiered import StoreStats
+    from storage.store_stats import StoreStats
 
 _Job = tuple[str, Tier | None, "Namespace", list]
 

@@ -1,134 +1,44 @@
-"""A real server for the API tests: create_app + uvicorn on a free port, in a background thread,
-with the tiny random-weight Llama of the engine tests (float32, small KV pool)."""
+"""Fixtures of the API tests: real servers on free ports (helpers in tests/api/servers.py)."""
 
 from __future__ import annotations
 
-import random
-import socket
-import string
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from api.app import create_app
 from api.config import ApiConfig
-from engine.config import EngineConfig
 from engine.llm import LLM
-from tests.engine.conftest import make_tiny_model
-
-API_KEYS = {"sk-alice": "alice", "sk-bob": "bob"}
-ADMIN_KEY = "sk-admin"
-NUM_BLOCKS = 512
-BLOCK_SIZE = 16
-MAX_MODEL_LEN = 512
-
-
-@dataclass
-class Server:
-    url: str
-    app: Any
-    server: uvicorn.Server
-    thread: threading.Thread
-
-    @property
-    def state(self) -> Any:
-        return self.app.state.server
-
-    @property
-    def engine(self) -> Any:
-        return self.state.engine
-
-    @property
-    def model(self) -> str:
-        return self.state.model_name
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=60)
-
-
-# the engine settings of every test server and of the offline reference
-ENGINE_SETTINGS: dict[str, Any] = dict(
-    dtype="float32",
-    num_blocks=NUM_BLOCKS,
-    block_size=BLOCK_SIZE,
-    max_model_len=MAX_MODEL_LEN,
-    max_num_seqs=8,
-    max_num_batched_tokens=1024,
+from tests.api.servers import (
+    ADMIN_KEY,
+    API_KEYS,
+    ENGINE_SETTINGS,
+    Server,
+    engine_config,
+    start_server,
 )
 
 
-def engine_config(model_dir: Path, **overrides: Any) -> EngineConfig:
-    return EngineConfig(model=str(model_dir), **{**ENGINE_SETTINGS, **overrides})
-
-
-def start_server(engine_cfg: EngineConfig, api_cfg: ApiConfig) -> Server:
-    """Binds a free port first (no race), runs uvicorn in a thread, waits for /health."""
-    app = create_app(engine_cfg, api_cfg)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    handle = Server(f"http://127.0.0.1:{port}", app, server, thread)
-    wait_healthy(handle)
-    return handle
-
-
-def wait_healthy(handle: Server, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(base_url=handle.url, timeout=2.0) as client:
-        while time.monotonic() < deadline and handle.thread.is_alive():
-            try:
-                if client.get("/health").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)  # polling interval
-    handle.stop()
-    raise RuntimeError("server did not become healthy")
-
-
-def fresh_text(n: int, seed: int) -> str:
-    """n random ASCII characters (n tokens with the byte-level tiny tokenizer)."""
-    rng = random.Random(seed)
-    return "".join(rng.choice(string.ascii_letters + " ") for _ in range(n))
-
-
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("api_model") / "llama", "llama")
-
-
-@pytest.fixture(scope="session")
-def server(tiny_model: Path) -> Iterator[Server]:
-    handle = start_server(engine_config(tiny_model), ApiConfig(max_queue=64))
+def server(tiny_llama: Path) -> Iterator[Server]:
+    handle = start_server(engine_config(tiny_llama), ApiConfig(max_queue=64))
     yield handle
     handle.stop()
 
 
 @pytest.fixture(scope="session")
-def auth_server(tiny_model: Path) -> Iterator[Server]:
+def auth_server(tiny_llama: Path) -> Iterator[Server]:
     cfg = ApiConfig(api_keys=dict(API_KEYS), admin_key=ADMIN_KEY)
-    handle = start_server(engine_config(tiny_model), cfg)
+    handle = start_server(engine_config(tiny_llama), cfg)
     yield handle
     handle.stop()
 
 
 @pytest.fixture(scope="session")
-def offline(tiny_model: Path) -> LLM:
+def offline(tiny_llama: Path) -> LLM:
     """The offline LLM API on the same model and settings: the reference for server outputs."""
-    return LLM(str(tiny_model), **ENGINE_SETTINGS)
+    return LLM(str(tiny_llama), **ENGINE_SETTINGS)
 
 
 @pytest.fixture()

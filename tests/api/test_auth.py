@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.api.conftest import ADMIN_KEY, BLOCK_SIZE, Server
+from tests.api.servers import ADMIN_KEY, BLOCK_SIZE, Server
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import re
-
 import httpx
 
-from tests.api.conftest import BLOCK_SIZE, Server, fresh_text
-
-
-def metric(text: str, name: str, labels: str = "") -> float:
-    pattern = re.escape(name + (f"{{{labels}}}" if labels else "")) + r" ([0-9.e+-]+)"
-    found = re.search(r"^" + pattern + "$", text, re.MULTILINE)
-    assert found is not None, f"{name}{labels} missing"
-    return float(found.group(1))
+from tests.api.servers import BLOCK_SIZE, Server, fresh_text, metric
 
 
 def complete(http: httpx.Client, server: Server, prompt: str, **kw) -> dict:

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from api.config import ApiConfig
-from tests.api.conftest import MAX_MODEL_LEN, Server, engine_config, start_server
+from tests.api.servers import MAX_MODEL_LEN, Server, engine_config, start_server
 
 
 def post(http: httpx.Client, path: str, body: object) -> httpx.Response:
@@ -148,9 +148,9 @@ def test_bad_query_parameters(http) -> None:
 
 
 @pytest.fixture(scope="module")
-def small_pool_server(tiny_model):
+def small_pool_server(tiny_llama):
     # 8 blocks of 16 tokens = 128 tokens of KV, under the 512-token context window
-    handle = start_server(engine_config(tiny_model, num_blocks=8), ApiConfig())
+    handle = start_server(engine_config(tiny_llama, num_blocks=8), ApiConfig())
     yield handle
     handle.stop()
 

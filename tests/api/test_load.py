@@ -13,21 +13,21 @@ import pytest
 
 from api.config import ApiConfig
 from engine.sampling import SamplingParams
-from tests.api.conftest import Server, engine_config, fresh_text, start_server
+from engine.stats import EngineSnapshot
+from tests.api.servers import Server, engine_config, fresh_text, start_server
 
 LONG = 480  # tokens: a generation that runs long enough to be interrupted
 
 
-def wait_idle(server: Server, timeout_s: float = 60.0) -> dict:
+def wait_idle(server: Server, timeout_s: float = 60.0) -> EngineSnapshot:
     """Polls the engine until no request runs or waits and no block is referenced."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        snap = server.engine.stats()
-        cache = server.engine.cache_stats()
-        if snap["running"] == 0 and snap["waiting"] == 0 and cache.referenced == 0:
+        snap = server.engine.snapshot()
+        if snap.running == 0 and snap.waiting == 0 and snap.cache.referenced == 0:
             return snap
         time.sleep(0.02)  # polling interval
-    raise AssertionError(f"engine not idle: {snap}, referenced={cache.referenced}")
+    raise AssertionError(f"engine not idle: {snap}")
 
 
 def assert_blocks_free(server: Server) -> None:
@@ -80,7 +80,7 @@ def test_32_concurrent_streaming_clients(server, offline) -> None:
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(server) -> None:
     wait_idle(server)
-    aborted = server.engine.stats()["requests_aborted"]
+    aborted = server.engine.snapshot().totals.requests_aborted
     body = long_body(server, stream=True)
     with (
         httpx.Client(base_url=server.url, timeout=60.0) as client,
@@ -92,13 +92,13 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server) -> None:
         assert any(line.startswith("data: {") for line in got)
     # leaving the block closed the connection mid-stream
     snap = wait_idle(server)
-    assert snap["requests_aborted"] == aborted + 1
+    assert snap.totals.requests_aborted == aborted + 1
     assert_blocks_free(server)
 
 
 def test_disconnect_during_non_streaming_request_aborts(server) -> None:
     wait_idle(server)
-    aborted = server.engine.stats()["requests_aborted"]
+    aborted = server.engine.snapshot().totals.requests_aborted
     timeout = httpx.Timeout(60.0, read=0.3)
     with (
         httpx.Client(base_url=server.url, timeout=timeout) as client,
@@ -106,13 +106,13 @@ def test_disconnect_during_non_streaming_request_aborts(server) -> None:
     ):
         client.post("/v1/completions", json=long_body(server, n=2))
     snap = wait_idle(server)
-    assert snap["requests_aborted"] == aborted + 1
+    assert snap.totals.requests_aborted == aborted + 1
     assert_blocks_free(server)
 
 
 @pytest.fixture(scope="module")
-def small_queue_server(tiny_model: Path) -> Iterator[Server]:
-    handle = start_server(engine_config(tiny_model), ApiConfig(max_queue=2))
+def small_queue_server(tiny_llama: Path) -> Iterator[Server]:
+    handle = start_server(engine_config(tiny_llama), ApiConfig(max_queue=2))
     yield handle
     handle.stop()
 

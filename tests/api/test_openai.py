@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from engine.sampling import SamplingParams
-from tests.api.conftest import BLOCK_SIZE, Server, fresh_text
+from tests.api.servers import BLOCK_SIZE, Server, fresh_text
 
 
 @pytest.fixture()

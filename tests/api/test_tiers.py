@@ -11,17 +11,16 @@ import pytest
 
 from api.config import ApiConfig
 from storage.config import TierConfig
-from tests.api.conftest import BLOCK_SIZE, Server, engine_config, fresh_text, start_server
-from tests.api.test_cache_routes import metric
+from tests.api.servers import BLOCK_SIZE, Server, engine_config, fresh_text, metric, start_server
 
 HOST_BYTES = 16 << 20
 
 
 @pytest.fixture(scope="module")
-def tier_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def tier_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tiers = TierConfig(host_bytes=HOST_BYTES, disk_path=tmp_path_factory.mktemp("kv"))
     # the learned policy evicts unread tails one block at a time: the tiers must take those too
-    cfg = engine_config(tiny_model, num_blocks=64, tiers=tiers, eviction_policy="learned")
+    cfg = engine_config(tiny_llama, num_blocks=64, tiers=tiers, eviction_policy="learned")
     handle = start_server(cfg, ApiConfig())
     yield handle
     handle.stop()

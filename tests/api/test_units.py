@@ -10,6 +10,7 @@ import pytest
 from api.auth import Caller
 from api.cli import build_parser, engine_config, parse_size, tier_config
 from api.config import ApiConfig, parse_api_keys
+from api.engine_stats import CacheCounters
 from api.errors import ApiError, parse_body
 from api.protocol import ChatCompletionRequest, CompletionRequest
 from api.stats_history import StatsHistory
@@ -138,14 +139,14 @@ def test_request_models_are_strict() -> None:
 
 
 def test_stats_history_windows() -> None:
-    h = StatsHistory(keep_s=100)
+    h: StatsHistory[CacheCounters] = StatsHistory(keep_s=100)
     for t in range(0, 50, 10):
-        h.record(float(t), {"hits": float(t * 2)})
-    diff, covered = h.delta(45.0, {"hits": 100.0}, 20.0)
-    assert covered == 25.0 and diff["hits"] == 100.0 - 40.0
-    diff, covered = h.delta(45.0, {"hits": 100.0}, 1000.0)
-    assert covered == 45.0 and diff["hits"] == 100.0
-    h.record(500.0, {"hits": 1000.0})
+        h.record(float(t), CacheCounters(hit_tokens=t * 2))
+    diff, covered = h.delta(45.0, CacheCounters(hit_tokens=100), 20.0)
+    assert covered == 25.0 and diff.hit_tokens == 100 - 40
+    diff, covered = h.delta(45.0, CacheCounters(hit_tokens=100), 1000.0)
+    assert covered == 45.0 and diff.hit_tokens == 100
+    h.record(500.0, CacheCounters(hit_tokens=1000))
     assert h.start().time >= 40.0
 
 

@@ -9,11 +9,12 @@ import pytest
 from engine.async_engine import AsyncEngine, EngineOverloaded
 from engine.config import EngineConfig
 from engine.llm import LLM
-from engine.request import RequestTooLarge
+from engine.outputs import RequestResult
+from engine.request import Prompt, RequestTooLarge
 from engine.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-PROMPTS = [[10 + i, 20, 30, 40, 50, 60, 70, 80, 90, 100 + i] for i in range(6)]
+PROMPTS = [Prompt([10 + i, 20, 30, 40, 50, 60, 70, 80, 90, 100 + i]) for i in range(6)]
 
 
 @pytest.fixture()
@@ -30,32 +31,38 @@ async def _collect(engine: AsyncEngine, prompt, request_id: str, params=GREEDY) 
     return [out async for out in engine.generate(prompt, params, request_id)]
 
 
-def test_streams_cumulative_outputs_matching_offline(engine, tiny_llama):
+def test_streams_deltas_matching_offline(engine, tiny_llama):
     offline = LLM(str(tiny_llama), dtype="float32", block_size=4, num_blocks=128)
-    expected = [o.outputs[0].token_ids for o in offline.generate(PROMPTS, GREEDY)]
+    expected = [
+        o.outputs[0].token_ids for o in offline.generate([p.token_ids for p in PROMPTS], GREEDY)
+    ]
 
     async def main():
         return await asyncio.gather(*(_collect(engine, p, f"r{i}") for i, p in enumerate(PROMPTS)))
 
     streams = asyncio.run(main())
     for stream, want in zip(streams, expected, strict=True):
-        assert stream[-1].finished and stream[-1].outputs[0].token_ids == want
+        whole = RequestResult("r")
+        for out in stream:
+            whole.add(out)
+        assert stream[-1].finished and whole.outputs[0].token_ids == want
         assert not any(o.finished for o in stream[:-1])
-        lengths = [len(o.outputs[0].token_ids) for o in stream]
-        assert lengths == sorted(lengths) and lengths[0] >= 1
-    stats = engine.stats()
-    assert stats["requests_finished"] == len(PROMPTS) and stats["running"] == 0
+        # each delta carries only its news: one token per step once decoding (no copies)
+        assert all(len(o.outputs[0].token_ids) == 1 for o in stream if o.outputs)
+    snap = engine.snapshot()
+    assert snap.totals.requests_finished == len(PROMPTS) and snap.running == 0
     engine.check_integrity()
 
 
 def test_lookup_and_cache_passthroughs(engine):
     asyncio.run(_collect(engine, PROMPTS[0], "warm"))
-    assert engine.lookup(PROMPTS[0])["device"] == 8
-    assert engine.lookup(PROMPTS[0], cache_salt="tenant")["device"] == 0
-    assert engine.pin(PROMPTS[0]) == 8 and engine.unpin(PROMPTS[0]) == 8
+    ids = PROMPTS[0].token_ids
+    assert engine.lookup(ids)["device"] == 8
+    assert engine.lookup(ids, cache_salt="tenant")["device"] == 0
+    assert engine.pin(ids) == 8 and engine.unpin(ids) == 8
     assert engine.hottest_prefixes(5)
     assert engine.cache_stats().cached > 0
-    assert engine.flush() > 0 and engine.lookup(PROMPTS[0])["device"] == 0
+    assert engine.flush() > 0 and engine.lookup(ids)["device"] == 0
 
 
 def test_abort_mid_stream_frees_blocks(engine):
@@ -65,7 +72,7 @@ def test_abort_mid_stream_frees_blocks(engine):
         outs = []
         async for out in engine.generate(PROMPTS[1], long, "long"):
             outs.append(out)
-            if len(out.outputs[0].token_ids) >= 3:
+            if sum(len(o.outputs[0].token_ids) for o in outs) >= 3:
                 engine.abort("long")
         return outs
 
@@ -85,8 +92,8 @@ def test_consumer_leaving_early_aborts(engine):
         await gen.aclose()
 
     asyncio.run(main())
-    engine.call(lambda e: None)  # the abort command was applied before this one
-    assert engine.stats()["requests_aborted"] == 1 and engine.cache_stats().referenced == 0
+    snap = engine.snapshot()  # runs after the abort command that aclose queued
+    assert snap.totals.requests_aborted == 1 and snap.cache.referenced == 0
 
 
 def test_bounded_queue_and_rejections(tiny_llama):
@@ -110,14 +117,13 @@ def test_bounded_queue_and_rejections(tiny_llama):
         with pytest.raises(EngineOverloaded):
             await engine.generate(PROMPTS[2], long, "c").__anext__()
         with pytest.raises(RequestTooLarge):
-            await engine.generate(list(range(3, 1300)), long, "d").__anext__()
+            await engine.generate(Prompt(list(range(3, 1300))), long, "d").__anext__()
         b.cancel()
         await a.aclose()
 
     try:
         asyncio.run(main())
-        engine.call(lambda e: None)
-        assert engine.cache_stats().referenced == 0
-        assert not engine.call(lambda e: e.has_unfinished())
+        assert engine.cache_stats().referenced == 0  # runs after every queued command
+        assert not engine.has_unfinished()
     finally:
         engine.shutdown()

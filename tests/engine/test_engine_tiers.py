@@ -1,59 +1,242 @@
-"""Engine + spill tiers: evicted blocks go down (write-back), admission loads them back."""
+"""The engine with spill tiers below a device pool far smaller than the working set: evicted
+blocks go down (write-back), admission loads them back.
+
+Tiny random-weight llama (float32, 4-token blocks); greedy outputs with tiers on must equal the
+outputs with the cache off, and the tiers' counters must show the load-backs and the faults."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from engine.llm import LLM
 from engine.sampling import SamplingParams
-from storage.tiered import TierConfig
+from storage.base import TierStats
+from storage.codec import HEADER_SIZE
+from storage.config import TierConfig
+from storage.tiered import TieredStore
+from tests.redis_server import RedisServer
 
-BS = 4
-GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+ROOT = Path(__file__).resolve().parents[2]
+PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+ENGINE = {"dtype": "float32", "block_size": 4, "max_num_seqs": 2, "seed": 0}
+DEVICE_BLOCKS = 32  # the prompts below need ~60 distinct blocks
 
 
-def _prompts() -> list[list[int]]:
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    rng = random.Random(0)
+    shared = [rng.randrange(3, 250) for _ in range(24)]
+    return [shared + [rng.randrange(3, 250) for _ in range(24)] for _ in range(8)]
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_llama: Path, prompts: list[list[int]]) -> list[list[int]]:
+    ref = LLM(str(tiny_llama), **ENGINE | {"num_blocks": 128}, enable_prefix_caching=False)
+    return token_ids(ref.generate(prompts, PARAMS))
+
+
+def token_ids(outputs: list) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def tier_store(llm: LLM) -> TieredStore:
+    store = llm.engine.tiers.store
+    assert isinstance(store, TieredStore)
+    return store
+
+
+TIERED = {"max_num_seqs": 2, "num_blocks": DEVICE_BLOCKS}  # with make_llm's float32, 4-token blocks
+
+
+def settle(llm: LLM) -> dict[str, TierStats]:
+    """Empty the device cache into the tiers, wait for the writes; the tier counters."""
+    llm.engine.flush()
+    store = tier_store(llm)
+    assert store.wait_idle(30)
+    return {name: tier.stats for name, tier in store.stats().tiers.items()}
+
+
+def tier_config(kind: str, tmp: Path, url: str, **kw: object) -> TierConfig:
+    if kind == "host":
+        return TierConfig(host_bytes=1 << 24, **kw)
+    if kind == "disk":
+        return TierConfig(disk_path=tmp / "disk", **kw)
+    if kind == "redis":
+        return TierConfig(redis_url=url, redis_prefix=f"e2e-{tmp.name}", **kw)
+    return TierConfig(
+        host_bytes=20_000, disk_path=tmp / "disk", disk_bytes=40_000, redis_url=url, **kw
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["host", "disk", "redis", "chain"])
+def test_load_back_equals_cache_off(
+    make_llm, prompts, expected, tmp_path: Path, redis_server: RedisServer, kind: str
+) -> None:
+    llm = make_llm(**TIERED, tiers=tier_config(kind, tmp_path, redis_server.url))
+    for _ in range(2):  # the second round finds most of its blocks evicted to the tiers
+        outs = llm.generate(prompts, PARAMS)
+        assert token_ids(outs) == expected
+    stats = settle(llm)
+    lower = {name: s.hits for name, s in stats.items()}
+    assert sum(lower.values()) > 0, stats
+    if kind != "chain":
+        assert lower[kind] > 0
+    from_tiers = sum(n for o in outs for t, n in o.cached_tokens_by_tier.items() if t != "device")
+    assert from_tiers > 0
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected  # all from the tiers
+
+
+def test_restart_on_the_same_disk_folder_gets_disk_hits(
+    make_llm, prompts, expected, tmp_path: Path
+) -> None:
+    cfg = TierConfig(disk_path=tmp_path / "disk")
+    first = make_llm(**TIERED, tiers=cfg)
+    assert token_ids(first.generate(prompts, PARAMS)) == expected
+    settle(first)
+    first.engine.close()
+    del first
+    second = make_llm(**TIERED, tiers=cfg)
+    outs = second.generate(prompts, PARAMS)
+    assert token_ids(outs) == expected
+    assert outs[0].cached_tokens_by_tier.get("disk", 0) >= 40  # 48-token prompt, 4-token blocks
+    assert tier_store(second).stats().tiers["disk"].stats.hits > 0
+
+
+FIRST_PROCESS = """
+import json, sys
+from engine.llm import LLM
+from engine.sampling import SamplingParams
+from storage.config import TierConfig
+tiny_llama, url, prompts, out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+tiers = TierConfig(redis_url=url, redis_prefix="shared", write_policy="write-through")
+llm = LLM(tiny_llama, dtype="float32", block_size=4, max_num_seqs=2, seed=0, num_blocks=32, tiers=tiers)
+p = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+ids = [o.outputs[0].token_ids for o in llm.generate(prompts, p)]
+llm.engine.close()
+open(out, "w").write(json.dumps(ids))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_redis(
+    make_llm, tiny_llama: Path, prompts, expected, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    out = tmp_path / "first.json"
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    args = [str(tiny_llama), redis_server.url, json.dumps(prompts), str(out)]
+    subprocess.run([sys.executable, "-c", FIRST_PROCESS, *args], check=True, env=env, timeout=300)
+    assert json.loads(out.read_text()) == expected
+    tiers = TierConfig(redis_url=redis_server.url, redis_prefix="shared")
+    second = make_llm(**TIERED, tiers=tiers)
+    outs = second.generate(prompts, PARAMS)
+    assert token_ids(outs) == expected
+    assert outs[0].cached_tokens_by_tier.get("redis", 0) >= 40
+    assert tier_store(second).stats().tiers["redis"].stats.hits > 0
+
+
+def test_redis_killed_mid_workload(
+    make_llm, prompts, expected, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    cfg = TierConfig(redis_url=redis_server.url, redis_cooldown_s=0.0, redis_timeout_s=0.5)
+    llm = make_llm(**TIERED, tiers=cfg)
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    settle(llm)
+    redis_server.kill()
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    stats = settle(llm)["redis"]
+    assert stats.errors >= 1 and stats.breaker_opens >= 1
+    redis_server.start()  # back, empty: the tier refills and serves again
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    settle(llm)
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    assert tier_store(llm).stats().tiers["redis"].stats.hits > stats.hits
+
+
+def test_corrupt_disk_files_are_recomputed_and_counted(
+    make_llm, prompts, expected, tmp_path: Path
+) -> None:
+    llm = make_llm(**TIERED, tiers=TierConfig(disk_path=tmp_path / "disk"))
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    settle(llm)
+    files = sorted((tmp_path / "disk").rglob("*.kv"))
+    assert files
+    for i, f in enumerate(files):
+        data = bytearray(f.read_bytes())
+        if i % 2:
+            data[HEADER_SIZE + i % 64] ^= 0x10  # one flipped bit
+        else:
+            del data[len(data) // 2 :]  # truncated
+        f.write_bytes(bytes(data))
+    assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    stats = settle(llm)["disk"]
+    assert stats.corrupt > 0
+
+
+def test_tiny_disk_budget_stops_writes_serving_continues(
+    make_llm, prompts, expected, tmp_path: Path
+) -> None:
+    llm = make_llm(**TIERED, tiers=TierConfig(disk_path=tmp_path / "disk", disk_bytes=100))
+    for _ in range(2):
+        assert token_ids(llm.generate(prompts, PARAMS)) == expected
+    stats = settle(llm)["disk"]
+    assert stats.rejected_writes > 0 and stats.blocks_written == 0
+    assert not list((tmp_path / "disk").rglob("*.kv"))
+
+
+def test_namespaces_isolated_through_the_engine(
+    make_llm, prompts, expected, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    llm = make_llm(**TIERED, tiers=tier_config("chain", tmp_path, redis_server.url))
+    assert token_ids(llm.generate(prompts, PARAMS, cache_salt="tenant-a")) == expected
+    settle(llm)
+    outs = llm.generate(prompts, PARAMS, cache_salt="tenant-b")
+    assert token_ids(outs) == expected
+    assert outs[0].num_cached_tokens == 0
+
+
+SHORT = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+
+def short_prompts() -> list[list[int]]:
     rng = random.Random(5)
     return [[rng.randrange(3, 250) for _ in range(21)] for _ in range(4)]
 
 
-def _llm(path, **kw) -> LLM:
-    return LLM(str(path), dtype="float32", block_size=BS, **kw)
-
-
-def _tokens(outs) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in outs]
-
-
-def test_host_tier_loads_back_evicted_prefixes(tiny_llama):
-    prompts = _prompts()
-    reference = _tokens(
-        _llm(tiny_llama, num_blocks=64, enable_prefix_caching=False).generate(prompts, GREEDY)
+def test_host_tier_loads_back_evicted_prefixes(make_llm):
+    prompts = short_prompts()
+    reference = token_ids(
+        make_llm(num_blocks=64, enable_prefix_caching=False).generate(prompts, SHORT)
     )
-    llm = _llm(tiny_llama, num_blocks=8, tiers=TierConfig(host_bytes=8 << 20))
+    llm = make_llm(num_blocks=8, tiers=TierConfig(host_bytes=8 << 20))
     engine = llm.engine
-    first = [llm.generate([p], GREEDY)[0] for p in prompts]  # each evicts the previous
-    assert _tokens(first) == reference
+    first = [llm.generate([p], SHORT)[0] for p in prompts]  # each evicts the previous
+    assert token_ids(first) == reference
     engine.tiers.store.wait_idle(10)
     assert engine.lookup(prompts[0])["host"] == 20  # five blocks of tokens[:-1] (all but the last)
-    again = llm.generate([prompts[0]], GREEDY)[0]
+    again = llm.generate([prompts[0]], SHORT)[0]
     assert again.outputs[0].token_ids == reference[0]
     assert again.cached_tokens_by_tier.get("host", 0) == 20
     assert again.num_cached_tokens == 20
     engine.prefix_cache.check_integrity()
-    assert engine.stats_snapshot()["tiers"]["host"]["hits"] >= 5
-    engine.close()
+    assert engine.snapshot().tiers.tiers["host"].stats.hits >= 5
 
 
-def test_disk_tier_survives_a_restart(tiny_llama, tmp_path):
-    prompts = _prompts()
+def test_disk_tier_survives_a_restart(make_llm, tmp_path):
+    prompts = short_prompts()
     tiers = TierConfig(disk_path=tmp_path / "kv", disk_bytes=64 << 20)
-    first = _llm(tiny_llama, num_blocks=64, tiers=tiers)
-    want = _tokens(first.generate(prompts[:2], GREEDY))
+    first = make_llm(num_blocks=64, tiers=tiers)
+    want = token_ids(first.generate(prompts[:2], SHORT))
     first.engine.flush()  # evict everything: write-back to disk
     first.engine.close()
-    second = _llm(tiny_llama, num_blocks=64, tiers=tiers)
-    outs = second.generate(prompts[:2], GREEDY)
-    assert _tokens(outs) == want
+    second = make_llm(num_blocks=64, tiers=tiers)
+    outs = second.generate(prompts[:2], SHORT)
+    assert token_ids(outs) == want
     assert all(o.cached_tokens_by_tier.get("disk", 0) == 20 for o in outs)
-    second.engine.close()

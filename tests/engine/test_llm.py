@@ -8,7 +8,7 @@ import random
 import pytest
 
 from engine.llm import LLM
-from engine.request import RequestTooLarge
+from engine.request import Prompt, RequestTooLarge
 from engine.sampling import SamplingParams
 
 BS = 4
@@ -158,7 +158,7 @@ def test_abort_frees_blocks(tiny_llama):
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True, n=2)
     for i in range(3):
-        engine.add_request(f"r{i}", _tokens(11, 20 + i), params)
+        engine.add_request(f"r{i}", Prompt(_tokens(11, 20 + i)), params)
     for _ in range(3):
         engine.step()
     assert engine.prefix_cache.stats().referenced > 0

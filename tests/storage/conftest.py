@@ -1,35 +1,12 @@
-"""Shared fixtures of the storage tests: a real redis-server, namespaces and tiny KV blocks."""
+"""Fixtures of the storage tests (blocks and hashes are in tests/storage/blocks.py)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
-from radixcache.hashing import Namespace, block_hashes
-from storage.codec import encode_block
-from tests.redis_server import redis_server  # noqa: F401  (fixture)
-
-# one block: [layers, 2, block_size, kv_heads, head_dim]
-BLOCK_SHAPE = (2, 2, 4, 2, 8)
+from radixcache.hashing import Namespace
 
 
 @pytest.fixture
 def ns() -> Namespace:
     return Namespace(model_id="tiny-test-model", kv_dtype="bfloat16", block_size=4)
-
-
-def make_block(seed: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(BLOCK_SHAPE, generator=gen).to(dtype)
-
-
-def chain(ns: Namespace, n: int, start: int = 0) -> list[int]:
-    """n chained block hashes of a synthetic token sequence."""
-    return block_hashes(ns, list(range(start, start + n * ns.block_size)))
-
-
-def encoded(hashes: list[int], seed: int = 0) -> list[tuple[int, bytes]]:
-    return [(h, encode_block(make_block(seed + i))) for i, h in enumerate(hashes)]
-
-
-VALUE_BYTES = len(encode_block(make_block(0)))

@@ -12,7 +12,7 @@ from storage.codec import (
     read_header,
     verify_block,
 )
-from tests.storage.conftest import BLOCK_SHAPE, make_block
+from tests.storage.blocks import BLOCK_SHAPE, make_block
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -8,7 +8,7 @@ from pathlib import Path
 from radixcache.hashing import Namespace
 from storage.codec import HEADER_SIZE
 from storage.disk import DiskTier
-from tests.storage.conftest import VALUE_BYTES, chain, encoded
+from tests.storage.blocks import VALUE_BYTES, chain, encoded
 
 
 def test_lru_budget_and_fanout_layout(tmp_path: Path, ns: Namespace) -> None:

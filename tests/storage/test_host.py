@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from radixcache.hashing import Namespace
 from storage.host import HostTier
-from tests.storage.conftest import VALUE_BYTES, chain, encoded
+from tests.storage.blocks import VALUE_BYTES, chain, encoded
 
 
 def test_lru_keeps_within_budget_and_spills_oldest(ns: Namespace) -> None:

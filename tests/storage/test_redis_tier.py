@@ -6,7 +6,7 @@ from radixcache.hashing import Namespace
 from storage.codec import HEADER_SIZE
 from storage.redis_tier import RedisTier
 from tests.redis_server import RedisServer
-from tests.storage.conftest import chain, encoded
+from tests.storage.blocks import chain, encoded
 
 
 def test_keys_carry_prefix_namespace_and_ttl(redis_server: RedisServer, ns: Namespace) -> None:

@@ -13,7 +13,7 @@ from storage.disk import DiskTier
 from storage.host import HostTier
 from storage.redis_tier import RedisTier
 from tests.redis_server import RedisServer
-from tests.storage.conftest import VALUE_BYTES, chain, encoded
+from tests.storage.blocks import VALUE_BYTES, chain, encoded
 
 
 @pytest.fixture(params=["host", "disk", "redis"])

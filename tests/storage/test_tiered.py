@@ -12,7 +12,7 @@ from storage.config import TierConfig
 from storage.disk import DiskTier
 from storage.tiered import TieredStore
 from tests.redis_server import RedisServer
-from tests.storage.conftest import BLOCK_SHAPE, VALUE_BYTES, chain, encoded, make_block
+from tests.storage.blocks import BLOCK_SHAPE, VALUE_BYTES, chain, encoded, make_block
 
 
 def all_tiers(tmp_path: Path, url: str, host: int = 100, disk: int = 100, **kw) -> TieredStore:

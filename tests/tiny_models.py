@@ -1,12 +1,11 @@
-"""Shared engine fixtures: tiny random-weight HF folders (Llama, Qwen2, Qwen3) with a byte-level
-tokenizer, and the default model's folder (fetched once, like the server does)."""
+"""Tiny random-weight HF folders (Llama, Qwen2, Qwen3) with a byte-level tokenizer: the models of
+every engine, storage and API test."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 TINY_VOCAB = 320  # 256 byte tokens + 3 specials + unused ids
@@ -64,21 +63,3 @@ def make_tiny_model(folder: Path, arch: str, seed: int = 0) -> Path:
     model.save_pretrained(folder, safe_serialization=True)
     _write_tokenizer(folder)
     return folder
-
-
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny_models")
-    return {arch: make_tiny_model(root / arch, arch) for arch in ("llama", "qwen2", "qwen3")}
-
-
-@pytest.fixture(scope="session")
-def tiny_llama(tiny_models: dict[str, Path]) -> Path:
-    return tiny_models["llama"]
-
-
-@pytest.fixture(scope="session")
-def default_model_path() -> Path:
-    from engine.loader import ensure_default_model
-
-    return ensure_default_model(progress=False)

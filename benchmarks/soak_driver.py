@@ -1,0 +1,143 @@
+"""A soak load for a running server: many concurrent streaming clients, some of which hang up
+mid-stream, with n>1, stop strings and long prompts. Used by bench_soak.py and tests/api/test_soak.py.
+
+Every request is greedy, so a completed one has exactly one right answer (the reference)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import string
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+
+@dataclass(frozen=True)
+class SoakRequest:
+    prompt: str
+    max_tokens: int
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    hang_up_after: int | None = None  # chunks read before the client disconnects
+
+
+@dataclass
+class SoakResult:
+    texts: dict[int, list[str]] = field(default_factory=dict)  # completed: request -> choice texts
+    hung_up: int = 0
+    errors: list[str] = field(default_factory=list)
+    ttft_s: list[float] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def completed(self) -> int:
+        return len(self.texts)
+
+
+def make_requests(
+    count: int, seed: int, prefixes: int = 4, prefix_len: int = 96, long_share: float = 0.1
+) -> list[SoakRequest]:
+    """Shared system-prompt-like prefixes (cache hits), random questions, a mix of features."""
+    rng = random.Random(seed)
+    letters = string.ascii_letters + " "
+
+    def text(n: int) -> str:
+        return "".join(rng.choice(letters) for _ in range(n))
+
+    heads = [text(prefix_len) for _ in range(prefixes)]
+    out = []
+    for _ in range(count):
+        body = text(rng.randrange(8, 40))
+        if rng.random() < long_share:
+            body += text(rng.randrange(200, 400))
+        out.append(
+            SoakRequest(
+                prompt=rng.choice(heads) + body,
+                max_tokens=rng.randrange(2, 12),
+                n=2 if rng.random() < 0.2 else 1,
+                stop=(rng.choice(letters[:26]),) if rng.random() < 0.3 else (),
+                hang_up_after=rng.randrange(1, 4) if rng.random() < 0.25 else None,
+            )
+        )
+    return out
+
+
+async def _one(
+    client: httpx.AsyncClient, model: str, index: int, req: SoakRequest, result: SoakResult
+) -> None:
+    body = {
+        "model": model,
+        "prompt": req.prompt,
+        "max_tokens": req.max_tokens,
+        "n": req.n,
+        "temperature": 0,
+        "stream": True,
+    }
+    if req.stop:
+        body["stop"] = list(req.stop)
+    texts = [""] * req.n
+    chunks = 0
+    t0 = time.perf_counter()
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            result.errors.append(f"{r.status_code}: {(await r.aread())[:200]!r}")
+            return
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                result.texts[index] = texts
+                return
+            event = json.loads(line[6:])
+            if "error" in event:
+                result.errors.append(str(event["error"]))
+                return
+            if chunks == 0:
+                result.ttft_s.append(time.perf_counter() - t0)
+            chunks += 1
+            for choice in event["choices"]:
+                texts[choice["index"]] += choice["text"]
+            if req.hang_up_after is not None and chunks >= req.hang_up_after:
+                result.hung_up += 1
+                return  # leaving the block closes the connection mid-stream
+    result.errors.append("stream ended without [DONE]")
+
+
+async def run_soak(
+    url: str, model: str, requests: list[SoakRequest], concurrency: int, timeout_s: float = 300
+) -> SoakResult:
+    """Runs `requests` through `concurrency` clients at once; bounded by `timeout_s`."""
+    result = SoakResult()
+    queue = list(enumerate(requests))[::-1]
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        while queue:
+            index, req = queue.pop()
+            await _one(client, model, index, req, result)
+
+    t0 = time.perf_counter()
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        tasks = [client_loop(client) for _ in range(concurrency)]
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout_s)
+    result.elapsed_s = time.perf_counter() - t0
+    return result
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for {pid}")

@@ -1,0 +1,102 @@
+"""The composition root: builds every part of an engine from its config, complete, in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from engine.block_manager import BlockManager, NoCacheBlockManager
+from engine.kv_cache import DTYPES, KVCache
+from engine.kv_tiers import KVTiers
+from engine.model_runner import ModelRunner
+from engine.sampler import Sampler
+from engine.scheduler import Scheduler
+from radixcache.hashing import Namespace
+from radixcache.prefix_cache import PrefixCache
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+
+DEFAULT_KV_CACHE_MEMORY = 1 << 30
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    model_path: Path
+    model: torch.nn.Module
+    tokenizer: Any  # engine.loader.tokenizer.Tokenizer
+    max_model_len: int
+    namespace: Namespace
+    kv_cache: KVCache
+    prefix_cache: PrefixCache
+    tiers: KVTiers | None
+    blocks: BlockManager
+    scheduler: Scheduler
+    runner: ModelRunner
+    sampler: Sampler
+
+
+def build_parts(config: EngineConfig) -> EngineParts:
+    from engine.loader import ensure_default_model, load_model, load_tokenizer
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    path = Path(config.model) if config.model else ensure_default_model()
+    device, dtype = torch.device(config.device), DTYPES[config.dtype]
+    model = load_model(path, dtype, device)
+    mc = model.config
+    max_model_len = min(
+        config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
+    )
+    kv_cache = KVCache.from_budget(
+        mc.num_hidden_layers,
+        config.block_size,
+        mc.num_key_value_heads,
+        mc.head_dim,
+        dtype,
+        device,
+        memory_bytes=config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY,
+        num_blocks=config.num_blocks,
+    )
+    prefix_cache = PrefixCache(
+        kv_cache.num_blocks, config.block_size, policy=config.eviction_policy
+    )
+    tiers = _build_tiers(config, kv_cache)
+    if config.enable_prefix_caching:
+        blocks = BlockManager(prefix_cache, kv_cache, tiers)
+    else:
+        blocks = NoCacheBlockManager(prefix_cache, kv_cache)
+    scheduler = Scheduler(
+        blocks,
+        kv_cache.num_blocks,
+        config.max_num_seqs,
+        config.max_num_batched_tokens,
+        max_model_len,
+    )
+    return EngineParts(
+        model_path=path,
+        model=model,
+        tokenizer=load_tokenizer(path),
+        max_model_len=max_model_len,
+        namespace=Namespace(
+            model_id=model.model_id, kv_dtype=config.dtype, block_size=config.block_size
+        ),
+        kv_cache=kv_cache,
+        prefix_cache=prefix_cache,
+        tiers=tiers,
+        blocks=blocks,
+        scheduler=scheduler,
+        runner=ModelRunner(model, kv_cache, device),
+        sampler=Sampler(config.seed),
+    )
+
+
+def _build_tiers(config: EngineConfig, kv_cache: KVCache) -> KVTiers | None:
+    if config.tiers is None:
+        return None
+    from storage.tiered import TieredStore
+
+    return KVTiers(TieredStore(config.tiers), kv_cache)

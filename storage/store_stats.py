@@ -1,0 +1,31 @@
+"""The TieredStore's own counters and the typed snapshot it reports (per tier and overall)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from storage.base import TierStats
+
+
+@dataclass
+class StoreStats:
+    stored_blocks: int = 0  # blocks handed to store() and queued
+    dropped_blocks: int = 0  # blocks refused because the writer queue was full
+    loads: int = 0  # load_prefix calls that asked the tiers
+    loaded_blocks: int = 0
+    deadline_misses: int = 0  # load_prefix calls that returned at the deadline
+    load_errors: int = 0  # load_prefix calls cut short by an unexpected tier exception
+
+
+@dataclass(frozen=True)
+class TierSnapshot:
+    stats: TierStats  # a copy
+    used_bytes: int
+    capacity_bytes: int | None  # None: no budget of ours (Redis evicts by TTL / maxmemory)
+
+
+@dataclass(frozen=True)
+class StoreSnapshot:
+    tiers: dict[str, TierSnapshot]  # by tier name, fastest first
+    store: StoreStats  # a copy
+    pending_blocks: int  # queued for the writer thread, not yet written

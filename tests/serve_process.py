@@ -1,0 +1,58 @@
+"""`radixcache serve` as a real child process on a free loopback port (for tests that kill it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeProcess:
+    def __init__(self, args: list[str], home: Path) -> None:
+        """`args`: what follows `radixcache serve` (the port is added); `home`: RADIXCACHE_HOME."""
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "api.cli", "serve", *args, "--port", str(self.port)]
+        env = {**os.environ, "RADIXCACHE_HOME": str(home)}
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+
+    def wait_healthy(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.1)  # polling interval
+        self.kill()
+        raise AssertionError(f"server did not come up: {self.output()}")
+
+    def terminate(self) -> str:
+        """SIGTERM (graceful shutdown); returns everything it printed."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.output()
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs (a crash)."""
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def output(self) -> str:
+        out, _ = self.proc.communicate(timeout=60)
+        return out
