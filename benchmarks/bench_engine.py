@@ -310,14 +310,16 @@ def profile_engine(model: Path, dtype: str, workload: str, vocab: int) -> dict:
     kv_row = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * elem  # per key
     engine.close()
     peaks = measure_peaks()
+    head_params = c.vocab_size * c.hidden_size  # lm_head: decode steps sample every row
     figures = {}
     for kind in ("prefill", "mixed", "decode"):
         t = b.seconds.get(f"matmul ({kind})", 0.0)
+        params = linear_params + (head_params if kind == "decode" else 0)
         if t and b.tokens[kind]:
-            figures[f"matmul GFLOP/s ({kind})"] = 2 * linear_params * b.tokens[kind] / t / 1e9
+            figures[f"matmul GFLOP/s ({kind})"] = 2 * params * b.tokens[kind] / t / 1e9
     decode_s = sum(v for k, v in b.seconds.items() if "decode" in k) or None
     if b.steps["decode"] and b.seconds.get("matmul (decode)"):
-        weight_bytes = linear_params * elem * b.steps["decode"]
+        weight_bytes = (linear_params + head_params) * elem * b.steps["decode"]
         figures["decode matmul GB/s (weights)"] = weight_bytes / b.seconds["matmul (decode)"] / 1e9
     if b.seconds.get("attention: decode kernel"):
         figures["decode attention GB/s (KV read)"] = (
