@@ -5,8 +5,13 @@ same prompts and model folder (benchmarks/vllm_runner.py in that interpreter), r
 our row of the same mode so both see the same machine; transformers `generate` one request at a
 time (--hf-requests). --profile adds a time breakdown of our cache-on run per workload.
 
-    python -m benchmarks.bench_engine --workloads gsp mt --dtypes bfloat16 --threads 2 \\
-        --hf-requests 0 --vllm-python /work/venvs/vllm/bin/python --profile
+    GOMP_CPU_AFFINITY="0 1" python -m benchmarks.bench_engine --workloads gsp mt \\
+        --dtypes bfloat16 --threads 2 --vllm-python /work/venvs/vllm/bin/python --profile
+
+GOMP_CPU_AFFINITY pins our two OpenMP threads to cores 0 and 1, as VLLM_CPU_OMP_THREADS_BIND=0-1
+pins vLLM's (it must be set before the process starts). On a shared, oversubscribed machine
+OMP_WAIT_POLICY=PASSIVE keeps waiting threads from spinning (there a decode-sized matmul on 2
+threads measured 13x faster with it).
 """
 
 from __future__ import annotations
@@ -194,7 +199,9 @@ def bench_vllm(model: Path, dtype: str, caching: bool, workload: str, vocab: int
     else:
         mt = mt_turns(vocab)
         request["mt"] = {"system": mt.system, "turns": mt.turns}
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4", VLLM_CPU_OMP_THREADS_BIND="0-1")
+    # vLLM binds its OpenMP threads itself (PEERS.md); our own OpenMP settings stay with us
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "KMP_"))}
+    env.update(VLLM_CPU_KVCACHE_SPACE="4", VLLM_CPU_OMP_THREADS_BIND="0-1")
     with tempfile.TemporaryDirectory() as tmp:
         req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
         req.write_text(json.dumps(request))
