@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 MATMUL_OPS = {"mkldnn::_linear_pointwise", "aten::linear", "aten::addmm", "aten::mm"}
 DECODE_KERNEL_OPS = {"radixcache::paged_decode"}
+PREFILL_KERNEL_OPS = {"radixcache::paged_prefill"}
 SDPA_OPS = {"aten::_scaled_dot_product_flash_attention_for_cpu"}
 
 
@@ -52,6 +53,8 @@ def _attention(ev, kind: str, out: Breakdown) -> None:
     for c in ev.cpu_children:
         if c.name in DECODE_KERNEL_OPS:
             s["attention: decode kernel"] += _dur(c)
+        elif c.name in PREFILL_KERNEL_OPS:
+            s[f"attention: prefill kernel ({kind})"] += _dur(c)
         elif c.name in SDPA_OPS:
             s[f"attention: sdpa ({kind})"] += _dur(c)
         else:
