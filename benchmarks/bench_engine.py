@@ -1,10 +1,17 @@
-"""Engine throughput on the GSP-small and MT-small workloads of DESIGN.md (default model).
+"""Engine throughput on the GSP-small and MT-small workloads of DESIGN.md.
 
-Rows: our engine with the prefix cache on and off, and transformers `generate` one request at a
-time; vLLM's CPU build is quoted from DESIGN.md as the peer row (same workload, same machine kind).
+Rows: our engine with the prefix cache on and off; with --vllm-python, vLLM's CPU build on the
+same prompts and model folder (benchmarks/vllm_runner.py in that interpreter), run right after
+our row of the same mode so both see the same machine; transformers `generate` one request at a
+time (--hf-requests). --profile adds a time breakdown of our cache-on run per workload.
 
-    python benchmarks/bench_engine.py                    # everything (several minutes)
-    python benchmarks/bench_engine.py --workloads gsp --dtypes bfloat16 --hf-requests 0
+    GOMP_CPU_AFFINITY="0 1" python -m benchmarks.bench_engine --workloads gsp mt \\
+        --dtypes bfloat16 --threads 2 --vllm-python /work/venvs/vllm/bin/python --profile
+
+GOMP_CPU_AFFINITY pins our two OpenMP threads to cores 0 and 1, as VLLM_CPU_OMP_THREADS_BIND=0-1
+pins vLLM's (it must be set before the process starts). On a shared, oversubscribed machine
+OMP_WAIT_POLICY=PASSIVE keeps waiting threads from spinning (there a decode-sized matmul on 2
+threads measured 13x faster with it).
 """
 
 from __future__ import annotations
@@ -14,27 +21,37 @@ import json
 import os
 import random
 import statistics
-import sys
+import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from benchmarks.results_io import write_results
+from benchmarks.workloads import (
+    GSP_IDEAL_PREFILL,
+    MAX_RUNNING,
+    MT_IDEAL_PREFILL,
+    OUT_TOKENS,
+    WARMUP_SEED,
+    gsp_prompts,
+    mt_turns,
+    random_tokens,
+)
+from engine.attention import make_attention_backend
 from engine.config import EngineConfig
+from engine.dtypes import torch_dtype
 from engine.llm_engine import LLMEngine
-from engine.loader import ensure_default_model
 from engine.outputs import RequestResult
 from engine.request import Prompt
 from engine.sampling import SamplingParams
 
-OUT_TOKENS = 32
-PEER_VLLM_CPU = {  # seconds, DESIGN.md (vLLM CPU build, SmolLM2-135M, GSP-small)
-    ("gsp", "bfloat16", "on"): 17.5,
-    ("gsp", "bfloat16", "off"): 60.2,
-    ("gsp", "float32", "on"): 59.8,
-    ("gsp", "float32", "off"): 231.0,
-}
+GREEDY = SamplingParams(temperature=0, max_tokens=OUT_TOKENS, ignore_eos=True)
+KV_MEMORY = 2 << 30
+VLLM_RUNNER = Path(__file__).parent / "vllm_runner.py"
+VLLM_MAX_MODEL_LEN = 4096
 
 
 @dataclass
@@ -50,6 +67,10 @@ class Row:
     ideal_prefill: int = 0
     step_overhead_ms: float | None = None
     steps: int | None = None
+    decode_step_ms: float | None = None  # mean forward time of steps with only decode tokens
+    cpu_s: float | None = (
+        None  # CPU seconds of this process (all threads): robust to a busy machine
+    )
     note: str = ""
 
     def summary(self) -> dict:
@@ -62,86 +83,89 @@ class Row:
             out["ttft_p99_s"] = t[min(len(t) - 1, round(0.99 * (len(t) - 1)))]
         if self.prefill_computed is not None and self.prompt_tokens:
             out["hit_rate"] = 1 - self.prefill_computed / self.prompt_tokens
+        out["load_average_1m"] = round(os.getloadavg()[0], 2)
         return out
 
 
-def _rand(rng: random.Random, n: int, vocab: int) -> list[int]:
-    return [rng.randrange(100, vocab - 100) for _ in range(n)]
-
-
-def gsp_prompts(vocab: int) -> list[list[int]]:
-    """GSP-small: 8 groups x 8 prompts, 1,024-token system prompt + 64-token question."""
-    rng = random.Random(0)
-    prompts = []
-    for _ in range(8):
-        system = _rand(rng, 1024, vocab)
-        prompts += [system + _rand(rng, 64, vocab) for _ in range(8)]
-    random.Random(1).shuffle(prompts)
-    return prompts
-
-
-def mt_turns(vocab: int) -> tuple[list[int], list[list[list[int]]]]:
-    """MT-small: 8 users x 4 turns over one shared 512-token system prompt; 64-token messages."""
-    rng = random.Random(0)
-    system = _rand(rng, 512, vocab)
-    return system, [[_rand(rng, 64, vocab) for _ in range(8)] for _ in range(4)]
-
-
-GREEDY = SamplingParams(temperature=0, max_tokens=OUT_TOKENS, ignore_eos=True)
-
-
-def run_batch(engine: LLMEngine, prompts: list[list[int]], tag: str) -> tuple[list, list[float]]:
-    """Submits all prompts at once and steps to completion; returns outputs and TTFTs."""
+def run_batch(
+    engine: LLMEngine, prompts: list[list[int]], tag: str, step_range: bool = False
+) -> tuple[list, list[float]]:
+    """Submits all prompts at once and steps to completion; returns outputs and TTFTs.
+    step_range: wrap each step in a profiler range ("engine.step", read by step_profile)."""
     t0 = time.monotonic()
     ids = [f"{tag}-{i}" for i in range(len(prompts))]
     for rid, p in zip(ids, prompts, strict=True):
         engine.add_request(rid, Prompt(p), GREEDY)
     done = {rid: RequestResult(rid) for rid in ids}
     while engine.has_unfinished():
-        for out in engine.step():
+        if step_range:
+            with torch.profiler.record_function("engine.step"):
+                outs = engine.step()
+        else:
+            outs = engine.step()
+        for out in outs:
             done[out.request_id].add(out)
     outs = [done[i] for i in ids]
     return outs, [o.metrics["first_token_time"] - t0 for o in outs]
 
 
-def bench_engine(model: Path, dtype: str, caching: bool, workload: str, vocab: int) -> Row:
+def make_engine(model: Path, dtype: str, caching: bool) -> LLMEngine:
     config = EngineConfig(
         model=str(model),
         dtype=dtype,
-        max_num_seqs=16,
+        max_num_seqs=MAX_RUNNING,
         max_num_batched_tokens=args.batched_tokens,
         enable_prefix_caching=caching,
-        kv_cache_memory=2 << 30,
+        kv_cache_memory=KV_MEMORY,
         num_threads=args.threads,
     )
     engine = LLMEngine(config)
-    warm = [_rand(random.Random(9), 64, vocab)]
-    run_batch(engine, warm, "warm")
-    engine.prefix_cache.flush()
-    before = engine.stats.snapshot()
-    t0 = time.perf_counter()
-    ttfts, prompt_tokens, out_tokens = [], 0, 0
+    if args.attention != "auto":  # the one backend object the model (and so the runner) uses
+        model = engine.model
+        kind = {"native": True, "native-decode": True, "torch": False}[args.attention]
+        dtype = model.dtype if args.attention == "native" else None  # None: no native prefill
+        model.attention = make_attention_backend("cpu", kind, dtype, model.config.head_dim)
+    return engine
+
+
+def run_workload(engine: LLMEngine, workload: str, vocab: int, step_range: bool = False):
+    """(ttfts, prompt tokens, output tokens, ideal prefill) of one timed run of the workload."""
     if workload == "gsp":
         prompts = gsp_prompts(vocab)
-        outs, ttfts = run_batch(engine, prompts, "gsp")
-        prompt_tokens = sum(map(len, prompts))
+        outs, ttfts = run_batch(engine, prompts, "gsp", step_range)
         out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        ideal = 8 * 1024 + 64 * 64
-    else:
-        system, turns = mt_turns(vocab)
-        history = [list(system) for _ in range(8)]
-        for t, messages in enumerate(turns):
-            prompts = [h + m for h, m in zip(history, messages, strict=True)]
-            outs, tt = run_batch(engine, prompts, f"mt{t}")
-            ttfts += tt
-            prompt_tokens += sum(map(len, prompts))
-            out_tokens += sum(len(o.outputs[0].token_ids) for o in outs)
-            history = [p + o.outputs[0].token_ids for p, o in zip(prompts, outs, strict=True)]
-        ideal = 512 + 8 * 64 + 3 * 8 * (64 + 1)  # the last answer token's KV is never computed
-    total = time.perf_counter() - t0
+        return ttfts, sum(map(len, prompts)), out_tokens, GSP_IDEAL_PREFILL
+    mt = mt_turns(vocab)
+    history = [list(mt.system) for _ in mt.turns[0]]
+    ttfts, prompt_tokens, out_tokens = [], 0, 0
+    for t, messages in enumerate(mt.turns):
+        prompts = [h + m for h, m in zip(history, messages, strict=True)]
+        outs, tt = run_batch(engine, prompts, f"mt{t}", step_range)
+        ttfts += tt
+        prompt_tokens += sum(map(len, prompts))
+        out_tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+        history = [p + o.outputs[0].token_ids for p, o in zip(prompts, outs, strict=True)]
+    return ttfts, prompt_tokens, out_tokens, MT_IDEAL_PREFILL
+
+
+def warm(engine: LLMEngine, vocab: int) -> None:
+    run_batch(engine, [random_tokens(random.Random(WARMUP_SEED), 64, vocab)], "warm")
+    engine.prefix_cache.flush()
+
+
+def bench_engine(model: Path, dtype: str, caching: bool, workload: str, vocab: int) -> Row:
+    engine = make_engine(model, dtype, caching)
+    warm(engine, vocab)
+    before = engine.stats.snapshot()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    ttfts, prompt_tokens, out_tokens, ideal = run_workload(engine, workload, vocab)
+    total, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     after = engine.stats.snapshot()
     steps = after["num_steps"] - before["num_steps"]
     overhead = after["python_overhead"] - before["python_overhead"]
+    recent = list(engine.stats.recent)[-steps:]  # the last 256 steps at most
+    decode = [s.forward_time for s in recent if s.num_prefill_tokens == 0]
+    engine.close()
     return Row(
         workload,
         f"radixcache cache-{'on' if caching else 'off'}",
@@ -154,6 +178,49 @@ def bench_engine(model: Path, dtype: str, caching: bool, workload: str, vocab: i
         ideal,
         1000 * overhead / max(1, steps),
         steps,
+        1000 * statistics.fmean(decode) if decode else None,
+        cpu,
+    )
+
+
+def bench_vllm(model: Path, dtype: str, caching: bool, workload: str, vocab: int) -> Row:
+    """The same workload in vLLM's CPU build, in its own interpreter (args.vllm_python)."""
+    request: dict = {
+        "model": str(model),
+        "dtype": dtype,
+        "caching": caching,
+        "max_num_seqs": MAX_RUNNING,
+        "max_model_len": VLLM_MAX_MODEL_LEN,
+        "out_tokens": OUT_TOKENS,
+        "warmup": random_tokens(random.Random(WARMUP_SEED), 64, vocab),
+    }
+    if workload == "gsp":
+        request["prompts"] = gsp_prompts(vocab)
+    else:
+        mt = mt_turns(vocab)
+        request["mt"] = {"system": mt.system, "turns": mt.turns}
+    # vLLM binds its OpenMP threads itself (PEERS.md); our own OpenMP settings stay with us
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "KMP_"))}
+    env.update(VLLM_CPU_KVCACHE_SPACE="4", VLLM_CPU_OMP_THREADS_BIND="0-1")
+    with tempfile.TemporaryDirectory() as tmp:
+        req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        req.write_text(json.dumps(request))
+        cmd = [args.vllm_python, str(VLLM_RUNNER), str(req), str(res)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
+        if proc.returncode != 0:
+            raise RuntimeError(f"vLLM runner failed:\n{proc.stderr[-3000:]}")
+        result = json.loads(res.read_text())
+    ideal = GSP_IDEAL_PREFILL if workload == "gsp" else MT_IDEAL_PREFILL
+    return Row(
+        workload,
+        f"vLLM-CPU {result['version']} cache-{'on' if caching else 'off'}",
+        dtype,
+        result["total_s"],
+        result["output_tokens"],
+        result["ttft_s"],
+        result["prompt_tokens"],
+        ideal_prefill=ideal,
+        note="enforce_eager, max_model_len 4096, KV 4 GiB, OMP bound to cores 0-1",
     )
 
 
@@ -174,7 +241,7 @@ def bench_transformers(model: Path, dtype: str, workload: str, vocab: int, limit
         def end(self) -> None:
             pass
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype(dtype))
     hf.eval()
     service: list[float] = []  # seconds per request
     first: list[float] = []  # seconds from a request's start to its first token
@@ -201,11 +268,11 @@ def bench_transformers(model: Path, dtype: str, workload: str, vocab: int, limit
             out_tokens += len(run(p))
     else:  # whole conversations (each with its own answers) for limit // 4 users
         total, wave = 32, 8  # each turn: 8 requests submitted together
-        system, turns = mt_turns(vocab)
+        mt = mt_turns(vocab)
         for u in range(max(1, limit // 4)):
-            history = list(system)
+            history = list(mt.system)
             for t in range(4):
-                prompt = history + turns[t][u]
+                prompt = history + mt.turns[t][u]
                 answer = run(prompt)
                 out_tokens += len(answer)
                 history = prompt + answer
@@ -225,10 +292,89 @@ def bench_transformers(model: Path, dtype: str, workload: str, vocab: int, limit
     )
 
 
+def profile_engine(model: Path, dtype: str, workload: str, vocab: int) -> dict:
+    """One more cache-on run under torch.profiler: the time breakdown, achieved GFLOP/s and GB/s
+    (the profiler's own cost inflates the Python figures; the timed rows carry no profiler)."""
+    from benchmarks.bench_model import measure_peaks
+    from benchmarks.step_profile import breakdown
+
+    engine = make_engine(model, dtype, True)
+    warm(engine, vocab)
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run_workload(engine, workload, vocab, step_range=True)
+        wall = time.perf_counter() - t0  # before the profiler's own post-processing
+        cpu = time.process_time() - cpu0
+    b = breakdown(prof.events(), wall)
+    c = engine.model.config
+    linear_params = (
+        c.num_hidden_layers
+        * c.hidden_size
+        * (c.q_size + 2 * c.kv_size + c.q_size + 3 * c.intermediate_size)
+    )
+    elem = torch.empty((), dtype=engine.model.dtype).element_size()
+    kv_row = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * elem  # per key
+    engine.close()
+    peaks = measure_peaks()
+    head_params = c.vocab_size * c.hidden_size  # lm_head: decode steps sample every row
+    figures = {}
+    for kind in ("prefill", "mixed", "decode"):
+        t = b.seconds.get(f"matmul ({kind})", 0.0)
+        params = linear_params + (head_params if kind == "decode" else 0)
+        if t and b.tokens[kind]:
+            figures[f"matmul GFLOP/s ({kind})"] = 2 * params * b.tokens[kind] / t / 1e9
+    decode_s = sum(v for k, v in b.seconds.items() if "decode" in k) or None
+    if b.steps["decode"] and b.seconds.get("matmul (decode)"):
+        weight_bytes = (linear_params + head_params) * elem * b.steps["decode"]
+        figures["decode matmul GB/s (weights)"] = weight_bytes / b.seconds["matmul (decode)"] / 1e9
+    if b.seconds.get("attention: decode kernel"):
+        figures["decode attention GB/s (KV read)"] = (
+            b.keys["decode"] * kv_row / b.seconds["attention: decode kernel"] / 1e9
+        )
+    return {
+        "workload": workload,
+        "dtype": dtype,
+        "wall_s": wall,
+        "cpu_utilisation": cpu / (wall * torch.get_num_threads()),
+        "seconds": dict(b.seconds),
+        "steps": dict(b.steps),
+        "tokens": dict(b.tokens),
+        "python_us_per_layer": 1e6
+        * (
+            b.seconds["python: forward (plan, layer loop)"]
+            + b.seconds["python: per layer (attention)"]
+        )
+        / max(1, b.layers_seen),
+        "figures": figures,
+        "peaks": peaks,
+        "decode_attention_s": decode_s,
+    }
+
+
+def print_profile(p: dict) -> None:
+    print(f"\ntime breakdown: {p['workload']} {p['dtype']} cache-on, under the profiler")
+    print(
+        f"  wall {p['wall_s']:.2f} s; cores busy {100 * p['cpu_utilisation']:.0f}% of "
+        f"{torch.get_num_threads()} threads; steps {p['steps']}; new tokens {p['tokens']}"
+    )
+    for name, sec in sorted(p["seconds"].items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<48} {sec:8.2f} s {100 * sec / p['wall_s']:5.1f}%")
+    print(f"  python per layer per step: {p['python_us_per_layer']:.0f} us")
+    for name, value in p["figures"].items():
+        print(f"  {name:<48} {value:8.1f}")
+    pk = p["peaks"]
+    print(
+        f"  this CPU: bf16 matmul peak {pk['bf16_matmul_gflops']} GFLOP/s, "
+        f"memory {pk['memory_gbps']} GB/s"
+    )
+
+
 def print_table(rows: list[dict]) -> None:
     head = (
-        f"{'workload':8} {'system':38} {'dtype':8} {'total s':>8} {'out tok/s':>9} "
-        f"{'TTFT mean/p50/p99 s':>21} {'prefill computed/ideal':>23} {'hit':>6} {'py ms/step':>10}"
+        f"{'workload':8} {'system':30} {'dtype':8} {'total s':>8} {'vs vLLM':>7} {'out tok/s':>9} "
+        f"{'TTFT mean/p50/p99 s':>19} {'decode ms':>9} {'prefill computed/ideal':>22} {'hit':>6} "
+        f"{'py ms/step':>10} {'cpu s':>7}"
     )
     print(head)
     print("-" * len(head))
@@ -240,84 +386,85 @@ def print_table(rows: list[dict]) -> None:
         hit = f"{100 * r['hit_rate']:.1f}%" if r.get("hit_rate") is not None else "-"
         ovh = f"{r['step_overhead_ms']:.2f}" if r.get("step_overhead_ms") is not None else "-"
         tps = f"{r['output_tok_s']:.1f}" if r.get("output_tok_s") else "-"
+        dec = f"{r['decode_step_ms']:.1f}" if r.get("decode_step_ms") else "-"
+        ratio = f"{r['ratio_vs_vllm']:.2f}" if r.get("ratio_vs_vllm") else "-"
+        cpu = f"{r['cpu_s']:.1f}" if r.get("cpu_s") else "-"
         print(
-            f"{r['workload']:8} {r['system']:38} {r['dtype']:8} {r['total_s']:8.2f} {tps:>9} "
-            f"{ttft:>21} {pre:>23} {hit:>6} {ovh:>10}" + (f"  ({r['note']})" if r["note"] else "")
+            f"{r['workload']:8} {r['system']:30} {r['dtype']:8} {r['total_s']:8.2f} {ratio:>7} "
+            f"{tps:>9} {ttft:>19} {dec:>9} {pre:>22} {hit:>6} {ovh:>10} {cpu:>7}"
+            + (f"  ({r['note']})" if r["note"] else "")
         )
-
-
-def _stamp(row: dict) -> dict:
-    """Machine conditions of the run: the CPUs are shared, so the load matters."""
-    row["torch_threads"] = torch.get_num_threads()
-    row["load_average_1m"] = round(os.getloadavg()[0], 2)
-    return row
-
-
-def _merge(path: Path, rows: list[dict]) -> list[dict]:
-    """Rows of earlier runs (other workloads/dtypes) are kept; rows rerun now replace them."""
-    if not path.exists():
-        return rows
-    key = lambda r: (r["workload"], r["system"], r["dtype"])  # noqa: E731
-    fresh = {key(r) for r in rows}
-    old = [r for r in json.loads(path.read_text()).get("rows", []) if key(r) not in fresh]
-    return old + rows
 
 
 def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"load average {os.getloadavg()}, torch threads {torch.get_num_threads()}")
-    model = ensure_default_model()
-    from engine.loader import load_tokenizer
+    from engine.loader import ensure_default_model, load_tokenizer
 
+    model = Path(args.model) if args.model else ensure_default_model()
     vocab = load_tokenizer(model).vocab_size
     rows: list[dict] = []
+    profiles: list[dict] = []
     for workload in args.workloads:
         for dtype in args.dtypes:
             for caching in (mode == "on" for mode in args.modes):
-                rows.append(_stamp(bench_engine(model, dtype, caching, workload, vocab).summary()))
-                print_table(rows[-1:])
-            for mode in ("on", "off"):
-                peer = PEER_VLLM_CPU.get((workload, dtype, mode))
-                if peer is not None:
-                    rows.append(
-                        {
-                            "workload": workload,
-                            "system": f"vLLM CPU cache-{mode} (peer, quoted)",
-                            "dtype": dtype,
-                            "total_s": peer,
-                            "output_tokens": 64 * OUT_TOKENS,
-                            "output_tok_s": 64 * OUT_TOKENS / peer,
-                            "note": "DESIGN.md figure, not rerun here",
-                        }
-                    )
+                for _rep in range(args.repeat):
+                    ours = bench_engine(model, dtype, caching, workload, vocab).summary()
+                    rows.append(ours)
+                    print_table(rows[-1:])
+                    if args.vllm_python:
+                        peer = bench_vllm(model, dtype, caching, workload, vocab).summary()
+                        ours["ratio_vs_vllm"] = ours["total_s"] / peer["total_s"]
+                        rows.append(peer)
+                        print_table(rows[-1:])
             if args.hf_requests > 0:
                 row = bench_transformers(model, dtype, workload, vocab, args.hf_requests)
-                rows.append(_stamp(row.summary()))
+                rows.append(row.summary())
                 print_table(rows[-1:])
+            if args.profile:
+                profiles.append(profile_engine(model, dtype, workload, vocab))
+                print_profile(profiles[-1])
     print()
     print_table(rows)
-    out = Path(__file__).parent / "results" / "engine.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    rows = _merge(out, rows)
-    meta = {
-        "command": " ".join(sys.argv[1:]),
-        "torch_threads": torch.get_num_threads(),
-        "batched_tokens": args.batched_tokens,
-        "load_average_at_end": os.getloadavg(),
-        "cpu_count": os.cpu_count(),
-    }
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    for p in profiles:
+        print_profile(p)
+    out = write_results(
+        args.out,
+        rows,
+        batched_tokens=args.batched_tokens,
+        attention=args.attention,
+        model=str(model),
+        profiles=profiles,
+        settings_that_differ=(
+            "vLLM: enforce_eager, max_model_len 4096, VLLM_CPU_KVCACHE_SPACE=4 GiB, "
+            "VLLM_CPU_OMP_THREADS_BIND=0-1 (its scheduler/front-end processes share the cores); "
+            f"ours: {KV_MEMORY >> 30} GiB KV, token budget {args.batched_tokens}, "
+            f"{args.threads or torch.get_num_threads()} torch threads; both: max 16 running, "
+            "prefix caching per row, greedy, 32 tokens, EOS ignored, same model folder"
+        ),
+    )
     print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workloads", nargs="+", default=["gsp", "mt"], choices=["gsp", "mt"])
-    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
-    parser.add_argument("--hf-requests", type=int, default=8, help="requests run by transformers")
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16"])
+    parser.add_argument("--hf-requests", type=int, default=0, help="requests run by transformers")
     parser.add_argument("--modes", nargs="*", default=["on", "off"], choices=["on", "off"])
     parser.add_argument("--batched-tokens", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--model", default=None, help="HF folder (default: the default model)")
+    parser.add_argument("--vllm-python", default=None, help="vLLM's interpreter: adds its rows")
+    parser.add_argument("--profile", action="store_true", help="time breakdown per workload")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each row (alternated)")
+    parser.add_argument(
+        "--attention",
+        default="auto",
+        choices=["auto", "native", "torch"],
+        help="CPU attention: native decode kernel, pure torch, or native when it builds",
+    )
+    parser.add_argument("--out", default="engine", help="results/<out>.json")
     args = parser.parse_args()
     main()

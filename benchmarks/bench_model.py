@@ -5,21 +5,23 @@ Shapes: a 1024-token prefill of one sequence (nothing cached); a 64-token prefil
 of 16 sequences with 1,100 tokens of context each (private blocks; and sharing a 1024-token prefix).
 "cpu ms" is the process CPU time (all threads): on a busy machine it shows what wall time hides.
 
-    python benchmarks/bench_model.py [--reps 5] [--dtypes float32,bfloat16]
+    python -m benchmarks.bench_model [--reps 5] [--dtypes float32,bfloat16] [--threads 2]
+
+It also measures this CPU's bf16 matmul peak and memory bandwidth (measure_peaks).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
+from benchmarks.results_io import write_results
 from engine.attention import build_attention_metadata, compute_positions
+from engine.dtypes import torch_dtype
 from engine.loader import ensure_default_model, load_model
 
 BLOCK = 16
@@ -68,6 +70,36 @@ def time_step(model, kv, name: str, reps: int) -> tuple[float, float]:
     return statistics.median(wall[1:]), statistics.median(cpu[1:])
 
 
+def _best_seconds(fn, reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_peaks(reps: int = 5) -> dict[str, float]:
+    """This CPU's bf16 matmul rate (packed oneDNN weight, a prefill-sized [2048 x 576] @
+    [576 x 3072] product, the model's largest) and memory bandwidth (a 256 MiB copy, read +
+    written bytes), at the current torch thread count: what engine figures are read against."""
+    from engine.models.llama import linear, pack_weight
+
+    x = torch.randn(2048, 576, dtype=torch.bfloat16)
+    w = torch.randn(3072, 576, dtype=torch.bfloat16)
+    packed = pack_weight(w)
+    matmul = _best_seconds(lambda: linear(x, w, None, packed), reps)
+    src = torch.empty(64 << 20, dtype=torch.float32)
+    src.fill_(1.0)
+    dst = torch.empty_like(src)
+    copy = _best_seconds(lambda: dst.copy_(src), reps)
+    return {
+        "bf16_matmul_gflops": round(2 * 2048 * 576 * 3072 / matmul / 1e9, 1),
+        "memory_gbps": round(2 * src.numel() * 4 / copy / 1e9, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
@@ -81,7 +113,7 @@ def main() -> None:
     path = ensure_default_model()
     rows = []
     for dtype_name in args.dtypes.split(","):
-        model = load_model(path, getattr(torch, dtype_name), "cpu")
+        model = load_model(path, torch_dtype(dtype_name), "cpu")
         kv = model.make_kv_cache(num_blocks=1200, block_size=BLOCK)
         kv.normal_()
         for name in args.workloads.split(","):
@@ -99,20 +131,21 @@ def main() -> None:
             )
             r = rows[-1]
             print(f"  {r['workload']:<28} {r['dtype']:<9} {r['ms']:>9.2f} ms", flush=True)
+    peaks = measure_peaks()
     load = os.getloadavg()[0]
     header = f"{'workload':<28} {'dtype':<9} {'tokens':>6} {'ms':>9} {'cpu ms':>9} {'tokens/s':>10}"
     print(f"\nthreads={torch.get_num_threads()} torch={torch.__version__} load={load:.1f}")
+    print(
+        f"peak: bf16 matmul {peaks['bf16_matmul_gflops']} GFLOP/s, "
+        f"memory {peaks['memory_gbps']} GB/s (copy, read + write)"
+    )
     print(header)
     for r in rows:
         print(
             f"{r['workload']:<28} {r['dtype']:<9} {r['tokens']:>6} {r['ms']:>9.2f} "
             f"{r['cpu_ms']:>9.2f} {r['tokens_per_s']:>10.1f}"
         )
-    out = Path(__file__).parent / "results" / "bench_model.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"threads": torch.get_num_threads(), "torch": torch.__version__, "loadavg_1m": load}
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {write_results('bench_model', rows, peaks=peaks)}")
 
 
 if __name__ == "__main__":

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.dtypes import DTYPES
 from radixcache.policy import POLICIES
 
 if TYPE_CHECKING:
     from engine.kv_events.config import KVEventsConfig
     from storage.tiered import TierConfig
 
-_DTYPES = ("float32", "bfloat16", "float16")
 EVICTION_POLICIES = tuple(POLICIES)
 
 
@@ -35,8 +35,8 @@ class EngineConfig:
     seed: int = 0  # global sampling seed for requests without their own seed
 
     def __post_init__(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         for name in (
             "block_size",
             "max_num_seqs",

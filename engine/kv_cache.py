@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from engine.dtypes import DTYPES  # noqa: F401 (engine/factory.py reads the table from here for now)
 
 
 def bytes_per_block(

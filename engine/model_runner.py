@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from engine.attention import build_attention_metadata, compute_positions
 
@@ -29,7 +30,6 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = device
         self.block_size = kv_cache.block_size
-        self.cpu_plan = device.type == "cpu"
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> ForwardResult:
@@ -48,7 +48,6 @@ class ModelRunner:
             [s.block_ids for s in batch.seqs],
             self.block_size,
             self.device,
-            cpu_plan=self.cpu_plan,
         )
         sample_index = [
             b
@@ -57,9 +56,18 @@ class ModelRunner:
         ]
         last_rows = np.cumsum(query_lens)[sample_index] - 1
         t0 = time.perf_counter()
-        hidden = self.model.forward(input_ids, positions, self.kv_cache.tensor, meta)
-        rows = torch.from_numpy(last_rows.astype(np.int64)).to(self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
+        with record_function(_range_name(query_lens, seq_lens)):
+            hidden = self.model.forward(input_ids, positions, self.kv_cache.tensor, meta)
+            rows = torch.from_numpy(last_rows.astype(np.int64)).to(self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return ForwardResult(logits.cpu(), sample_index, time.perf_counter() - t0)
+
+
+def _range_name(query_lens: list[int], seq_lens: list[int]) -> str:
+    """The profiler range of one forward: its kind, new tokens and keys attended
+    ("forward.decode.t16.k17600"); benchmarks/step_profile.py reads it."""
+    decodes = sum(1 for n in query_lens if n == 1)
+    kind = "decode" if decodes == len(query_lens) else "prefill" if decodes == 0 else "mixed"
+    return f"forward.{kind}.t{sum(query_lens)}.k{sum(seq_lens)}"

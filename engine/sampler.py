@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import record_function
 
 from engine.sampling import SamplingParams
 
@@ -32,6 +33,10 @@ class Sampler:
         self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SamplerOutput:
+        with record_function("sample"):
+            return self._sample(logits, rows)
+
+    def _sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> SamplerOutput:
         # logits: [S, vocab] float32, one row per entry of `rows`
         params = [r.params for r in rows]
         want_logprobs = any(p.logprobs is not None for p in params)

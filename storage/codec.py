@@ -39,7 +39,6 @@ DTYPE_CODES: dict[torch.dtype, int] = {
     torch.int8: 6,
 }
 _CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
-_DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class CorruptBlock(ValueError):
@@ -59,10 +58,10 @@ def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
     """'bfloat16' -> torch.bfloat16 (Namespace.kv_dtype strings); torch dtypes pass through."""
     if isinstance(name, torch.dtype):
         return name
-    try:
-        return _DTYPE_NAMES[name]
-    except KeyError:
-        raise ValueError(f"unknown kv dtype {name!r}") from None
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype) or dtype not in DTYPE_CODES:
+        raise ValueError(f"unknown kv dtype {name!r}")
+    return dtype
 
 
 def encode_block(kv: torch.Tensor) -> bytes:

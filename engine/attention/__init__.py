@@ -1,8 +1,10 @@
-"""Attention over the paged KV cache: metadata, a torch backend (CPU) and triton kernels (CUDA)."""
+"""Attention over the paged KV cache: metadata, a torch backend (CPU; native decode kernel when
+it builds) and triton kernels (CUDA). The backend is chosen once, by make_attention_backend, and
+owns its per-step plan: plan(meta) once per forward, then forward(..., plan, scale) per layer."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -11,10 +13,15 @@ from engine.attention.metadata import (
     build_attention_metadata,
     compute_positions,
 )
+from engine.attention.native import load_native
 from engine.attention.torch_backend import TorchAttention
 
 
 class AttentionBackend(Protocol):
+    def plan(self, meta: AttentionMetadata) -> Any:
+        """This backend's view of one step: built once, read by every layer's forward."""
+        ...
+
     def forward(
         self,
         q: torch.Tensor,
@@ -22,18 +29,35 @@ class AttentionBackend(Protocol):
         v: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        plan: Any,
         scale: float,
     ) -> torch.Tensor: ...
 
 
-def make_attention_backend(device: torch.device | str) -> AttentionBackend:
-    """Torch reference on CPU; triton kernels on CUDA."""
+def make_attention_backend(
+    device: torch.device | str,
+    native: bool | None = None,
+    dtype: torch.dtype | None = None,
+    head_dim: int | None = None,
+) -> AttentionBackend:
+    """Triton kernels on CUDA; on CPU the torch backend, with the native kernels when native is
+    True (required) or None (when they build here); native=False: pure torch. The native prefill
+    kernel computes in bfloat16: it serves bfloat16 models (dtype) of a supported head_dim on
+    CPUs with AVX512-BF16; float32 keeps the torch prefill path (exact parity tests)."""
     if torch.device(device).type == "cuda":
         from engine.attention.triton_backend import TritonAttention
 
         return TritonAttention()
-    return TorchAttention()
+    module = load_native() if native is not False else None
+    if native and module is None:
+        raise RuntimeError("the native attention kernel could not be built on this machine")
+    prefill = (
+        module is not None
+        and dtype == torch.bfloat16
+        and head_dim in module.PREFILL_HEAD_DIMS
+        and module.has_bf16_prefill()
+    )
+    return TorchAttention(module, native_prefill=prefill)
 
 
 __all__ = [
@@ -42,5 +66,6 @@ __all__ = [
     "TorchAttention",
     "build_attention_metadata",
     "compute_positions",
+    "load_native",
     "make_attention_backend",
 ]

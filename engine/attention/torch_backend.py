@@ -4,19 +4,26 @@ Per layer: write the new K/V by slot; a shared prefix of a group of sequences is
 with all the group's queries stacked; then each sequence's remaining keys (prefill: one call per
 sequence; decode: one call for all) and the two parts are merged by log-sum-exp.
 GQA is folded into the query dims ([.., Hkv, G, L, D]) so K/V are never repeated per head.
+With the native kernel (engine/attention/native.py) decode tokens are attended by it instead,
+reading each sequence's keys in place.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.profiler import record_function
 
-from engine.attention.metadata import (
-    AttentionMetadata,
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.native import NativeKernels
+from engine.attention.torch_plan import (
     BlockRun,
     CausalBatch,
     DecodePlan,
+    NativeDecode,
     PrefillSegment,
     SharedPrefix,
+    TorchPlan,
+    build_torch_plan,
 )
 
 
@@ -69,6 +76,19 @@ def merge(o1, lse1, o2, lse2) -> torch.Tensor:
 
 
 class TorchAttention:
+    """native: the compiled kernels (load_native()), or None for the pure-torch path.
+    native_prefill: prefill chunks go to the native kernel too (bfloat16 models on CPUs with
+    AVX512-BF16; see make_attention_backend)."""
+
+    def __init__(self, native: NativeKernels | None = None, native_prefill: bool = False) -> None:
+        if native_prefill and native is None:
+            raise ValueError("native_prefill needs the native kernels")
+        self.native = native
+        self.native_prefill = native_prefill
+
+    def plan(self, meta: AttentionMetadata) -> TorchPlan:
+        return build_torch_plan(meta, self.native is not None, self.native_prefill)
+
     def forward(
         self,
         q: torch.Tensor,
@@ -76,24 +96,35 @@ class TorchAttention:
         v: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        plan: TorchPlan,
         scale: float,
     ) -> torch.Tensor:
+        with record_function("attention"):
+            return self._forward(q, k, v, k_cache, v_cache, plan, scale)
+
+    def _forward(self, q, k, v, k_cache, v_cache, plan: TorchPlan, scale: float) -> torch.Tensor:
         # q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        write_kv(k, v, k_cache, v_cache, plan.slot_mapping)
         t, hq, _ = q.shape
         out = torch.empty_like(q)
-        lse = torch.empty(t, hq, dtype=torch.float32, device=q.device) if meta.shared else None
-        for batch in meta.causal:
+        lse = torch.empty(t, hq, dtype=torch.float32, device=q.device) if plan.shared else None
+        for batch in plan.causal:
             self._causal(q, k, v, batch, scale, out, lse)
-        for seg in meta.prefills:
+        for seg in plan.prefills:
             o, seg_lse = self._prefill(q, k_cache, v_cache, seg, scale)
             out[seg.start : seg.end] = o
             if lse is not None:
                 lse[seg.start : seg.end] = seg_lse
-        if meta.decode is not None:
-            self._decode(q, k_cache, v_cache, meta.decode, scale, out, lse)
-        for group in meta.shared:
+        if plan.native_prefill is not None:
+            p = plan.native_prefill
+            self.native.paged_prefill(
+                q, k_cache, v_cache, out, p.q_starts, p.q_lens, p.seq_lens, p.block_tables, scale
+            )
+        if isinstance(plan.decode, NativeDecode):
+            self._native_decode(q, k_cache, v_cache, plan.decode, scale, out)
+        elif plan.decode is not None:
+            self._decode(q, k_cache, v_cache, plan.decode, scale, out, lse)
+        for group in plan.shared:
             o, group_lse = self._shared(q, k_cache, v_cache, group, scale)
             rows = group.rows
             merged = merge(o, group_lse, out.index_select(0, rows), lse.index_select(0, rows))
@@ -151,6 +182,14 @@ class TorchAttention:
             out.index_copy_(0, plan.rows, o)
             if lse is not None:
                 lse.index_copy_(0, plan.rows, o_lse)
+
+    def _native_decode(self, q, k_cache, v_cache, plan: NativeDecode, scale: float, out) -> None:
+        qd = q[plan.row_slice] if plan.row_slice is not None else q.index_select(0, plan.rows)
+        o = self.native.paged_decode(qd, k_cache, v_cache, plan.block_tables, plan.seq_lens, scale)
+        if plan.row_slice is not None:
+            out[plan.row_slice] = o
+        else:
+            out.index_copy_(0, plan.rows, o)
 
     @staticmethod
     def _shared(q, k_cache, v_cache, group: SharedPrefix, scale: float):

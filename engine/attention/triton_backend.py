@@ -9,6 +9,9 @@ from engine.attention.triton_kernels import paged_attention, store_kv
 
 
 class TritonAttention:
+    def plan(self, meta: AttentionMetadata) -> AttentionMetadata:
+        return meta  # the kernels read the metadata's tensors directly
+
     def forward(
         self,
         q: torch.Tensor,

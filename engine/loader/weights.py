@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.attention import AttentionBackend
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 
@@ -88,12 +89,14 @@ def load_model(
     device: torch.device | str = "cpu",
     *,
     prepack: bool = True,
+    attention: AttentionBackend | None = None,
 ) -> LlamaForCausalLM:
     """Build the decoder for the folder's config.json and copy its weights in (fused qkv/gate_up).
-    prepack: on CPU in bfloat16, hold the projections in oneDNN's packed layout."""
+    prepack: on CPU in bfloat16, hold the projections in oneDNN's packed layout.
+    attention: the attention backend (default: make_attention_backend(device))."""
     path = Path(path)
     config = ModelConfig.from_file(path)
-    model = LlamaForCausalLM(config, dtype=dtype, device=device)
+    model = LlamaForCausalLM(config, dtype=dtype, device=device, attention=attention)
     targets = _targets(model)
     missing = set(targets)
     with torch.no_grad():

@@ -5,6 +5,8 @@ Weights are held fused: qkv_proj = [q; k; v] and gate_up_proj = [gate; up] (see 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -79,7 +81,7 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,  # [T, 1, rotary_dim / 2]
         k_cache: torch.Tensor,  # [num_blocks, bs, Hkv, D]
         v_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        plan: Any,  # attn.plan(meta) of this step
         attn: AttentionBackend,
     ) -> torch.Tensor:
         t = h.shape[0]
@@ -95,7 +97,7 @@ class DecoderLayer(nn.Module):
             qk = torch.cat([q, k], dim=1)
         qk = apply_rope(qk, cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)
+        o = attn.forward(q, k, v, k_cache, v_cache, plan, self.scale)
         h = h + linear(o.view(t, self.q_size), self.o_proj, self.o_bias, packed.get("o_proj"))
         x = rms_norm(h, self.post_attention_layernorm, self.eps)
         gate_up = linear(x, self.gate_up_proj, self.gate_up_bias, packed.get("gate_up_proj"))
@@ -130,7 +132,9 @@ class LlamaForCausalLM(nn.Module):
         )
         self.packed_lm_head: torch.Tensor | None = None
         self.rope = RotaryEmbedding(config, dtype, device)
-        self.attention = attention or make_attention_backend(device)
+        self.attention = attention or make_attention_backend(
+            device, dtype=dtype, head_dim=config.head_dim
+        )
 
     @torch.inference_mode()
     def forward(
@@ -142,8 +146,9 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         h = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
         cos, sin = self.rope.lookup(positions, meta.max_seqlen_k)
+        plan = self.attention.plan(meta)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, kv_cache[i, 0], kv_cache[i, 1], meta, self.attention)
+            h = layer(h, cos, sin, kv_cache[i, 0], kv_cache[i, 1], plan, self.attention)
         return rms_norm(h, self.norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()

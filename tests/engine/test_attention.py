@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.attention import TorchAttention, build_attention_metadata, compute_positions
+from engine.attention import (
+    TorchAttention,
+    build_attention_metadata,
+    compute_positions,
+    load_native,
+)
 
 
 def make_batch(seed, query_lens, prefix_lens, block_size, hq, hkv, d, groups=None, ordered=False):
@@ -79,7 +84,14 @@ CASES = [
 ]
 
 
-def run_case(case, dtype=torch.float32, ordered=False):
+def native_module():
+    module = load_native()
+    assert module is not None, "the native attention kernel must build on this machine"
+    return module
+
+
+def run_case(case, dtype=torch.float32, ordered=False, native=None, native_prefill=False):
+    """native: None (pure torch) or the compiled kernels; native_prefill: bf16 prefill kernel."""
     query_lens, prefix_lens, bs, hq, hkv, d, groups = case
     q, k, v, k_cache, v_cache, tables, full_k, full_v = make_batch(
         len(query_lens), query_lens, prefix_lens, bs, hq, hkv, d, groups, ordered
@@ -88,38 +100,66 @@ def run_case(case, dtype=torch.float32, ordered=False):
     meta = build_attention_metadata(query_lens, seq_lens, tables, bs)
     scale = d**-0.5
     args = [x.to(dtype) for x in (q, k, v, k_cache, v_cache)]
-    out = TorchAttention().forward(*args, meta, scale)
+    backend = TorchAttention(native, native_prefill)
+    plan = backend.plan(meta)
+    out = backend.forward(*args, plan, scale)
     ref = dense_reference(q, full_k, full_v, query_lens, scale)
-    return out, ref, meta, args
+    return out, ref, plan, args
 
 
 @pytest.mark.parametrize("ordered", [False, True], ids=["scattered", "consecutive"])
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_torch_backend_matches_dense_reference(case, ordered):
-    out, ref, meta, (_, k, v, k_cache, v_cache) = run_case(case, ordered=ordered)
+    out, ref, plan, (_, k, v, k_cache, v_cache) = run_case(case, ordered=ordered)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     # the new tokens' K/V landed at their slots
     hkv, d = k.shape[1:]
-    torch.testing.assert_close(k_cache.view(-1, hkv, d)[meta.slot_mapping], k)
-    torch.testing.assert_close(v_cache.view(-1, hkv, d)[meta.slot_mapping], v)
+    torch.testing.assert_close(k_cache.view(-1, hkv, d)[plan.slot_mapping], k)
+    torch.testing.assert_close(v_cache.view(-1, hkv, d)[plan.slot_mapping], v)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_native_decode_matches_dense_reference(case):
+    out, ref, plan, _ = run_case(case, native=native_module())
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    if 1 in case[0]:  # decode tokens went to the kernel, outside every shared-prefix group
+        assert type(plan.decode).__name__ == "NativeDecode"
+        decode_rows = set(plan.decode.rows.tolist())
+        assert not any(decode_rows & set(g.rows.tolist()) for g in plan.shared)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[7]], ids=["private", "d32", "shared"])
+def test_native_decode_low_precision_close_to_reference(case, dtype):
+    out, ref, _, _ = run_case(case, dtype, native=native_module())
+    torch.testing.assert_close(out.float(), ref, rtol=3e-2, atol=3e-2)
+
+
+def test_native_decode_long_context_matches_torch_path():
+    # the default model's head shapes (9 query heads over 3 kv heads of 64), scattered blocks
+    case = ([1] * 6, [349] * 6, 16, 9, 3, 64, None)
+    native_out, ref, _, _ = run_case(case, torch.bfloat16, native=native_module())
+    torch_out, _, _, _ = run_case(case, torch.bfloat16)
+    torch.testing.assert_close(native_out.float(), ref, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(native_out, torch_out, rtol=2e-2, atol=2e-2)
 
 
 def test_shared_prefix_groups_are_found():
-    _, _, meta, _ = run_case(CASES[7])
-    assert sorted(len(g.rows) for g in meta.shared) == [4, 16]
-    assert sorted(g.num_tokens for g in meta.shared) == [8, 16]
-    _, _, meta, _ = run_case(CASES[11], ordered=True)
-    assert [(b.n, b.length, b.rows) for b in meta.causal] == [(2, 7, slice(0, 14))]
-    assert [len(p.mask.float32) for p in meta.prefills] == [7]  # seq 3: 3 cached tokens of its own
-    assert meta.shared[0].blocks.span is not None
+    _, _, plan, _ = run_case(CASES[7])
+    assert sorted(len(g.rows) for g in plan.shared) == [4, 16]
+    assert sorted(g.num_tokens for g in plan.shared) == [8, 16]
+    _, _, plan, _ = run_case(CASES[11], ordered=True)
+    assert [(b.n, b.length, b.rows) for b in plan.causal] == [(2, 7, slice(0, 14))]
+    assert [len(p.mask.float32) for p in plan.prefills] == [7]  # seq 3: 3 cached tokens of its own
+    assert plan.shared[0].blocks.span is not None
 
 
 def test_equal_length_prefills_are_batched():
-    _, _, meta, _ = run_case(CASES[10])
-    batches = {b.length: b for b in meta.causal}
+    _, _, plan, _ = run_case(CASES[10])
+    batches = {b.length: b for b in plan.causal}
     assert batches[5].n == 3 and batches[5].rows.tolist() == [*range(0, 5), *range(6, 16)]
     assert batches[2].n == 1 and batches[2].rows == slice(16, 18)
-    assert [(p.start, p.end) for p in meta.prefills] == [(18, 23)]
+    assert [(p.start, p.end) for p in plan.prefills] == [(18, 23)]
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[7]], ids=["private", "shared"])
@@ -137,6 +177,31 @@ def test_metadata_positions_and_slots():
     assert meta.block_tables.tolist() == [[7, 2, 0], [4, 5, 0], [1, 0, 3]]
     assert meta.block_tables.dtype == torch.int32 and meta.slot_mapping.dtype == torch.int64
     assert (meta.max_seqlen_q, meta.max_seqlen_k) == (3, 9)
-    assert meta.decode is not None and meta.decode.rows.tolist() == [3]
-    assert [(b.rows, b.n, b.length) for b in meta.causal] == [(slice(0, 3), 1, 3)]
-    assert [(s.start, s.end, s.ctx_len) for s in meta.prefills] == [(4, 6, 9)]
+    plan = TorchAttention().plan(meta)
+    assert plan.decode is not None and plan.decode.rows.tolist() == [3]
+    assert [(b.rows, b.n, b.length) for b in plan.causal] == [(slice(0, 3), 1, 3)]
+    assert [(s.start, s.end, s.ctx_len) for s in plan.prefills] == [(4, 6, 9)]
+
+
+PREFILL_CASES = [c for c in CASES if c[5] in (32, 64, 128)] + [
+    ([64, 1, 64, 30], [112, 127, 118, 0], 16, 9, 3, 64, [0, 0, 0, None]),  # shared-prefix chunks
+    ([100], [0], 16, 9, 3, 64, None),  # a fresh prompt: several query tiles, causal
+]
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=[f"case{i}" for i in range(len(PREFILL_CASES))])
+def test_native_prefill_bfloat16_close_to_reference(case):
+    native = native_module()
+    assert native.has_bf16_prefill(), "this machine kind has AVX512-BF16"
+    out, ref, plan, (_, k, _, k_cache, _) = run_case(
+        case, torch.bfloat16, native=native, native_prefill=True
+    )
+    torch.testing.assert_close(out.float(), ref, rtol=3e-2, atol=3e-2)
+    assert not plan.shared and not plan.causal and not plan.prefills
+    prefill_lens = [n for n in case[0] if n > 1]
+    if prefill_lens:
+        assert plan.native_prefill.q_lens.tolist() == prefill_lens
+    else:
+        assert plan.native_prefill is None
+    hkv, d = k.shape[1:]
+    torch.testing.assert_close(k_cache.view(-1, hkv, d)[plan.slot_mapping], k)

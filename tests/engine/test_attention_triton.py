@@ -37,7 +37,7 @@ def check_case(kernels, case):
         len(query_lens), query_lens, prefix_lens, bs, hq, hkv, d, groups
     )
     seq_lens = [a + b for a, b in zip(query_lens, prefix_lens, strict=True)]
-    meta = build_attention_metadata(query_lens, seq_lens, tables, bs, cpu_plan=False)
+    meta = build_attention_metadata(query_lens, seq_lens, tables, bs)
     kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     torch.testing.assert_close(k_cache.view(-1, hkv, d)[meta.slot_mapping], k)
     torch.testing.assert_close(v_cache.view(-1, hkv, d)[meta.slot_mapping], v)
@@ -64,7 +64,7 @@ def check_float16(kernels):
         7, query_lens, prefix_lens, 8, 4, 2, 16
     )
     seq_lens = [a + b for a, b in zip(query_lens, prefix_lens, strict=True)]
-    meta = build_attention_metadata(query_lens, seq_lens, tables, 8, cpu_plan=False)
+    meta = build_attention_metadata(query_lens, seq_lens, tables, 8)
     half = [x.half() for x in (q, k, v, k_cache, v_cache)]
     kernels.store_kv(*half[1:], meta.slot_mapping)
     out = torch.empty_like(half[0])
@@ -97,6 +97,9 @@ def check_model_with_triton_backend(kernels):
         model = load_model(tmp)
 
     class Triton:
+        def plan(self, meta):
+            return meta
+
         def forward(self, q, k, v, k_cache, v_cache, meta, scale):
             kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             out = torch.empty_like(q)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from engine.attention import build_attention_metadata, compute_positions
+from engine.attention import build_attention_metadata, compute_positions, make_attention_backend
 from engine.loader import load_model
 from engine.models.config import ModelConfig
 from engine.models.rope import rope_inv_freq
@@ -100,6 +100,20 @@ def test_chunked_prefill_and_decode_logits_match(pair):
     assert_close(run_steps(ours, steps), hf_logits(hf, ids))
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-decode", "torch"])
+def test_both_cpu_attention_paths_match_transformers(pair, native):
+    """The native decode kernel and the pure-torch path (its fallback) over the same steps."""
+    hf, ours = pair
+    ids = torch.randint(0, 160, (26,), generator=torch.Generator().manual_seed(4)).tolist()
+    default = ours.attention
+    ours.attention = make_attention_backend("cpu", native=native)
+    try:
+        assert (ours.attention.native is not None) == native
+        assert_close(run_steps(ours, [ids[:13], *[[t] for t in ids[13:]]]), hf_logits(hf, ids))
+    finally:
+        ours.attention = default
+
+
 def test_greedy_generation_matches_transformers(pair):
     hf, ours = pair
     prompt = [5, 17, 33, 2, 99, 140, 7]
@@ -189,3 +203,23 @@ def test_rope_inv_freq_matches_transformers(rope):
         ref, ref_scaling = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf_config, "cpu")
     torch.testing.assert_close(ours, ref.float())
     assert scaling == pytest.approx(ref_scaling)
+
+
+def test_native_bfloat16_prefill_and_decode_track_the_float32_reference(tmp_path):
+    """bf16 serving path (native prefill + decode kernels) against transformers in float32."""
+    cls, extra = CONFIGS["qwen3"]  # head_dim 32: the native prefill kernel serves it
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(cls(**TINY, **extra), dtype=torch.float32)
+    randomize(hf)
+    hf.save_pretrained(tmp_path)
+    ours = load_model(tmp_path, torch.bfloat16, "cpu")
+    assert ours.attention.native_prefill and ours.attention.native is not None
+    ids = torch.randint(0, 160, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    logits = run_steps(ours, [ids[:17], ids[17:30], *[[t] for t in ids[30:]]]).float()
+    ref = hf_logits(hf.eval(), ids)
+    scale = ref.abs().max().item()
+    torch.testing.assert_close(logits, ref, rtol=0.0, atol=0.08 * scale)
+    # the same steps through the pure-torch path agree as closely
+    ours.attention = make_attention_backend("cpu", native=False)
+    torch_logits = run_steps(ours, [ids[:17], ids[17:30], *[[t] for t in ids[30:]]]).float()
+    torch.testing.assert_close(logits, torch_logits, rtol=0.0, atol=0.08 * scale)

@@ -1,0 +1,37 @@
+"""One writer for benchmark results: rows plus the conditions they were measured under."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def run_meta(**extra: object) -> dict:
+    """The command, threads and machine load of this run (the CPUs may be shared)."""
+    return {
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "openmp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_"))},
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **extra,
+    }
+
+
+def write_results(name: str, rows: list[dict], **extra: object) -> Path:
+    """benchmarks/results/<name>.json = {"meta": run_meta(**extra), "rows": rows}."""
+    path = RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": run_meta(**extra), "rows": rows}, indent=2) + "\n")
+    return path

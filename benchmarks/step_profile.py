@@ -1,0 +1,102 @@
+"""Where an engine run's time goes, from a torch.profiler trace of it.
+
+Reads the ranges the engine opens: "engine.step" (one per step, opened by the benchmark),
+"forward.<kind>.t<tokens>.k<keys>" (ModelRunner.execute), "attention" (one per layer, the torch
+backend) and "sample" (Sampler); everything else is classified by op name. Python overhead is
+a range's wall time minus the ops it launched (what the interpreter spent between them)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+MATMUL_OPS = {"mkldnn::_linear_pointwise", "aten::linear", "aten::addmm", "aten::mm"}
+DECODE_KERNEL_OPS = {"radixcache::paged_decode"}
+PREFILL_KERNEL_OPS = {"radixcache::paged_prefill"}
+SDPA_OPS = {"aten::_scaled_dot_product_flash_attention_for_cpu"}
+
+
+@dataclass
+class ForwardShape:
+    kind: str  # decode | prefill | mixed
+    tokens: int  # new tokens of the step
+    keys: int  # sum of context lengths (keys attended)
+
+    @staticmethod
+    def parse(name: str) -> ForwardShape:
+        _, kind, t, k = name.split(".")
+        return ForwardShape(kind, int(t[1:]), int(k[1:]))
+
+
+@dataclass
+class Breakdown:
+    """Seconds by category (and per step kind), plus the counts derived figures need."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    steps: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    tokens: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    keys: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    layers_seen: int = 0
+    run_wall: float = 0.0
+
+
+def _dur(ev) -> float:
+    return (ev.time_range.end - ev.time_range.start) / 1e6
+
+
+def _ops_time(children) -> float:
+    return sum(_dur(c) for c in children)
+
+
+def _attention(ev, kind: str, out: Breakdown) -> None:
+    s = out.seconds
+    for c in ev.cpu_children:
+        if c.name in DECODE_KERNEL_OPS:
+            s["attention: decode kernel"] += _dur(c)
+        elif c.name in PREFILL_KERNEL_OPS:
+            s[f"attention: prefill kernel ({kind})"] += _dur(c)
+        elif c.name in SDPA_OPS:
+            s[f"attention: sdpa ({kind})"] += _dur(c)
+        else:
+            s["attention: kv write + glue ops"] += _dur(c)
+    s["python: per layer (attention)"] += _dur(ev) - _ops_time(ev.cpu_children)
+
+
+def _forward(ev, out: Breakdown) -> None:
+    shape = ForwardShape.parse(ev.name)
+    out.steps[shape.kind] += 1
+    out.tokens[shape.kind] += shape.tokens
+    out.keys[shape.kind] += shape.keys
+    s = out.seconds
+    for c in ev.cpu_children:
+        if c.name == "attention":
+            out.layers_seen += 1
+            _attention(c, shape.kind, out)
+        elif c.name in MATMUL_OPS:
+            s[f"matmul ({shape.kind})"] += _dur(c)
+        else:
+            s["other ops (norm, rope, act, residual, embed)"] += _dur(c)
+    s["python: forward (plan, layer loop)"] += _dur(ev) - _ops_time(ev.cpu_children)
+
+
+def breakdown(events, run_wall: float) -> Breakdown:
+    """events: prof.events() of a run whose steps were each wrapped in "engine.step"."""
+    out = Breakdown(run_wall=run_wall)
+    s = out.seconds
+    steps_wall = 0.0
+    for ev in events:
+        if ev.name != "engine.step":
+            continue
+        steps_wall += _dur(ev)
+        inner = 0.0
+        for c in ev.cpu_children:
+            if c.name.startswith("forward."):
+                _forward(c, out)
+            elif c.name == "sample":
+                s["sampling"] += _dur(c)
+            else:
+                s["ops outside the forward (inputs, sampling glue)"] += _dur(c)
+            inner += _dur(c)
+        s["python: schedule, prepare inputs, postprocess"] += _dur(ev) - inner
+    s["between steps (benchmark loop)"] = max(0.0, run_wall - steps_wall)
+    return out

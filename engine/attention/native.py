@@ -1,0 +1,72 @@
+"""The native CPU kernels (engine/attention/csrc), built on first use by torch's extension
+mechanism (a C++ compiler and ninja; cached under ~/.cache/torch_extensions). Without them the
+torch path runs: it is the fallback and the reference the kernels are tested against."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
+CFLAGS = ["-O3", "-march=native", "-fopenmp-simd"]
+
+
+@functools.cache
+def load_native() -> NativeKernels | None:
+    """The compiled kernels (built once per machine), or None when they cannot be built here."""
+    try:
+        from torch.utils.cpp_extension import load
+
+        load(
+            name="radixcache_attention",
+            sources=[str(SOURCE)],
+            extra_cflags=CFLAGS,
+            is_python_module=False,
+        )
+    except Exception as exc:  # no compiler, no ninja, a build error: the torch path still works
+        log.warning("native attention kernel unavailable, using the torch path: %s", exc)
+        return None
+    return NativeKernels()
+
+
+class NativeKernels:
+    """The ops the extension registers (torch.ops.radixcache.*)."""
+
+    PREFILL_HEAD_DIMS = (32, 64, 128)
+
+    @staticmethod
+    def has_bf16_prefill() -> bool:
+        """paged_prefill exists only where the CPU has AVX512-BF16 (it computes in bf16 pairs)."""
+        return bool(torch.ops.radixcache.has_bf16_prefill())
+
+    @staticmethod
+    def paged_prefill(
+        q: torch.Tensor,  # [T, Hq, D] bfloat16 (each token's heads contiguous)
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,  # [T, Hq, D]: rows of the listed sequences are written
+        q_starts: torch.Tensor,  # int32 [N]: first row of each sequence's new tokens
+        q_lens: torch.Tensor,  # int32 [N]
+        seq_lens: torch.Tensor,  # int32 [N]: new token i sits at seq_len - q_len + i
+        block_tables: torch.Tensor,  # int32 [N, max_blocks]
+        scale: float,
+    ) -> None:
+        torch.ops.radixcache.paged_prefill(
+            q, k_cache, v_cache, out, q_starts, q_lens, seq_lens, block_tables, scale
+        )
+
+    @staticmethod
+    def paged_decode(
+        q: torch.Tensor,  # [N, Hq, D]: one new token per sequence
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D] (contiguous)
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,  # int32 [N, max_blocks]
+        seq_lens: torch.Tensor,  # int32 [N]: keys [0, seq_len) of each sequence
+        scale: float,
+    ) -> torch.Tensor:  # [N, Hq, D]
+        return torch.ops.radixcache.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
