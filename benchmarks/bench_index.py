@@ -1,6 +1,6 @@
 """Prefix index benchmarks: micro latencies (vs a flat dict of chained hashes) and Mooncake hit rates.
 
-Run: python benchmarks/bench_index.py [--quick] [--sglang-python PATH]. Prints tables, writes
+Run: python -m benchmarks.bench_index [--quick] [--sglang-python PATH]. Prints tables, writes
 benchmarks/results/index.json. With --sglang-python (an interpreter with SGLang installed, see
 ../shared/PEERS.md) the same token traces and eviction trees are replayed through SGLang's
 RadixCache by benchmarks/sglang_index_runner.py in the same run, alternating with ours.
@@ -14,7 +14,6 @@ import json
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from array import array
@@ -24,12 +23,11 @@ from pathlib import Path
 
 from sortedcontainers import SortedList
 
+from benchmarks.sglang_index_runner import evict_sequences
+from radixcache import Namespace, PrefixCache, block_hashes
+
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]  # this checkout's packages, then the runner
 
-from sglang_index_runner import evict_sequences  # noqa: E402
-
-from radixcache import Namespace, PrefixCache, block_hashes  # noqa: E402
 
 TRACE = HERE.parent.parent / "shared" / "data" / "mooncake_conversation_trace.jsonl"
 BS = 16

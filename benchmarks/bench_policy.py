@@ -1,6 +1,6 @@
 """Eviction policies and the online miss-ratio curve on the Mooncake trace and synthetic workloads.
 
-Run: python benchmarks/bench_policy.py. Prints tables, writes benchmarks/results/policy.json.
+Run: python -m benchmarks.bench_policy. Prints tables, writes benchmarks/results/policy.json.
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ from pathlib import Path
 
 from sortedcontainers import SortedList
 
+from benchmarks import bench_index as bi
+from radixcache import Namespace, PrefixCache, block_hashes
+from radixcache.policy import FrequencyAgeingPolicy, LRUPolicy
+from radixcache.policy_learned import LearnedReusePolicy
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import bench_index as bi  # noqa: E402
-
-from radixcache import Namespace, PrefixCache, block_hashes  # noqa: E402
-from radixcache.policy import FrequencyAgeingPolicy, LRUPolicy  # noqa: E402
-from radixcache.policy_learned import LearnedReusePolicy  # noqa: E402
 
 POLICIES = {"LRU": LRUPolicy, "freq-ageing": FrequencyAgeingPolicy, "learned": LearnedReusePolicy}
 NEW = "learned"

@@ -13,8 +13,8 @@ then the router's time for one 4,096-token chat prompt (first sight and with its
 seen before), measured on the router's parts in this process. Prints a table and writes
 benchmarks/results/router.json.
 
-    python benchmarks/bench_router.py            # the issue's shape (~10 minutes on 2 cores)
-    python benchmarks/bench_router.py --quick    # 8 users x 2 turns, 2 agents, 256-token prompts
+    python -m benchmarks.bench_router            # the issue's shape (~10 minutes on 2 cores)
+    python -m benchmarks.bench_router --quick    # 8 users x 2 turns, 2 agents, 256-token prompts
 """
 
 from __future__ import annotations
@@ -281,8 +281,6 @@ def main() -> None:
     )
     args = p.parse_args()
     shape = QUICK if args.quick else Shape()
-    if str(ROOT) not in sys.path:  # run as a script: import this checkout's packages
-        sys.path.insert(0, str(ROOT))
     from api.router.tokenize import PromptTokenizer
 
     systems, messages = build_workload(shape, PromptTokenizer(args.model)._tok)

@@ -11,8 +11,8 @@ Reports TTFT and inter-token latency (mean / p50 / p99, client side), output tok
 hit rate (cached / prompt tokens from `usage`). Prints a table and writes
 benchmarks/results/serving.json.
 
-    python benchmarks/bench_serving.py                       # DESIGN shapes (a few minutes)
-    python benchmarks/bench_serving.py --quick               # 2 groups / 2 users, same shapes
+    python -m benchmarks.bench_serving                       # DESIGN shapes (a few minutes)
+    python -m benchmarks.bench_serving --quick               # 2 groups / 2 users, same shapes
 """
 
 from __future__ import annotations

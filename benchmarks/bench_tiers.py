@@ -1,9 +1,9 @@
 """Spill-tier benchmark: load-back vs recompute, tier bandwidth vs raw, multi-round chat per tier set.
 
-    python benchmarks/bench_tiers.py                       # all three sections, default model
-    python benchmarks/bench_tiers.py --sections bandwidth  # one section
-    python benchmarks/bench_tiers.py --quick               # smaller sizes (smoke run)
-    python benchmarks/bench_tiers.py --sections cluster    # Redis Cluster next to one Redis
+    python -m benchmarks.bench_tiers                       # all three sections, default model
+    python -m benchmarks.bench_tiers --sections bandwidth  # one section
+    python -m benchmarks.bench_tiers --quick               # smaller sizes (smoke run)
+    python -m benchmarks.bench_tiers --sections cluster    # Redis Cluster next to one Redis
 
 Prints a table per section and writes benchmarks/results/bench_tiers.json. Starts its own
 redis-server on a free loopback port (and, for `cluster`, a 3-master Redis Cluster). Disk numbers
@@ -17,7 +17,6 @@ import gc
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,15 +26,14 @@ import redis
 import redis.utils
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from engine.llm import LLM
+from engine.sampling import SamplingParams
+from radixcache.hashing import Namespace, block_hashes
+from storage import DiskTier, RedisTier, TierConfig, TieredStore, encode_block
+from tests.redis_cluster import RedisClusterServers, running_cluster
+from tests.redis_server import RedisServer
 
-from engine.llm import LLM  # noqa: E402
-from engine.sampling import SamplingParams  # noqa: E402
-from radixcache.hashing import Namespace, block_hashes  # noqa: E402
-from storage import DiskTier, RedisTier, TierConfig, TieredStore, encode_block  # noqa: E402
-from tests.redis_cluster import RedisClusterServers, running_cluster  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results" / "bench_tiers.json"
 # SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64, bfloat16, 16-token blocks
