@@ -31,12 +31,28 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, None)
 
 
+def padded_rows(m: int) -> int:
+    """The row count a packed matmul runs with: powers of two up to 64, then multiples of 64.
+
+    oneDNN caches one primitive per shape (up to 1,024, with their scratch memory); ragged batches
+    have a new row count almost every step, so unpadded the cache grows the process by hundreds of MB
+    and each new shape pays a primitive creation."""
+    if m <= 64:
+        return 1 << (m - 1).bit_length()
+    return -(-m // 64) * 64
+
+
 def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed
 ) -> torch.Tensor:
-    if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+    if packed is None:
+        return F.linear(x, weight, bias)
+    m = x.shape[0]
+    rows = padded_rows(m)
+    if rows != m:
+        x = F.pad(x, (0, 0, 0, rows - m))  # x: [m, in] -> [rows, in], zero rows at the end
+    out = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return out if rows == m else out[:m]
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:

@@ -223,3 +223,20 @@ def test_native_bfloat16_prefill_and_decode_track_the_float32_reference(tmp_path
     ours.attention = make_attention_backend("cpu", native=False)
     torch_logits = run_steps(ours, [ids[:17], ids[17:30], *[[t] for t in ids[30:]]]).float()
     torch.testing.assert_close(logits, torch_logits, rtol=0.0, atol=0.08 * scale)
+
+
+def test_packed_matmuls_see_few_row_counts_and_keep_every_row():
+    from engine.models.llama import linear, pack_weight, padded_rows
+
+    assert [padded_rows(m) for m in (1, 2, 3, 5, 16, 17, 64, 65, 130)] == [
+        1, 2, 4, 8, 16, 32, 64, 128, 192,
+    ]  # fmt: skip
+    assert len({padded_rows(m) for m in range(1, 2049)}) == 7 + 31
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 32, generator=gen)
+    packed = pack_weight(weight)
+    for m in (1, 3, 17, 70):
+        x = torch.randn(m, 32, generator=gen)
+        out = linear(x, weight, None, packed)
+        assert out.shape == (m, 48)
+        torch.testing.assert_close(out, x @ weight.T, rtol=1e-5, atol=1e-5)
