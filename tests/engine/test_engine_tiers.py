@@ -22,28 +22,25 @@ from storage.codec import HEADER_SIZE
 from storage.config import TierConfig
 from storage.tiered import TieredStore
 from tests.redis_server import RedisServer
+from tests.tier_workload import (
+    DEVICE_BLOCKS,
+    PARAMS,
+    cache_off_reference,
+    tier_prompts,
+    token_ids,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-ENGINE = {"dtype": "float32", "block_size": 4, "max_num_seqs": 2, "seed": 0}
-DEVICE_BLOCKS = 32  # the prompts below need ~60 distinct blocks
 
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    rng = random.Random(0)
-    shared = [rng.randrange(3, 250) for _ in range(24)]
-    return [shared + [rng.randrange(3, 250) for _ in range(24)] for _ in range(8)]
+    return tier_prompts()
 
 
 @pytest.fixture(scope="module")
 def expected(tiny_llama: Path, prompts: list[list[int]]) -> list[list[int]]:
-    ref = LLM(str(tiny_llama), **ENGINE | {"num_blocks": 128}, enable_prefix_caching=False)
-    return token_ids(ref.generate(prompts, PARAMS))
-
-
-def token_ids(outputs: list) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in outputs]
+    return cache_off_reference(tiny_llama, prompts)
 
 
 def tier_store(llm: LLM) -> TieredStore:

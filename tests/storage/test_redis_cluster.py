@@ -4,7 +4,6 @@ the engine (tiny float32 llama, 4-token blocks) through the cluster tier against
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,6 @@ from redis.connection import Connection
 from engine.llm import LLM
 from engine.outputs import RequestResult
 from engine.request import Prompt
-from engine.sampling import SamplingParams
 from radixcache.hashing import Namespace
 from storage.codec import HEADER_SIZE
 from storage.config import TierConfig
@@ -26,6 +24,14 @@ from storage.tiered import TieredStore
 from tests.redis_cluster import ClusterNode, RedisClusterServers, running_cluster
 from tests.redis_server import free_port
 from tests.storage.blocks import chain, encoded
+from tests.tier_workload import (
+    DEVICE_BLOCKS,
+    ENGINE,
+    PARAMS,
+    cache_off_reference,
+    tier_prompts,
+    token_ids,
+)
 
 
 @pytest.fixture(scope="module")
@@ -247,11 +253,6 @@ def test_failover_to_a_replica_is_picked_up(fresh_cluster: RedisClusterServers, 
 
 
 # --- the engine through the cluster tier ---
-PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-ENGINE = {"dtype": "float32", "block_size": 4, "max_num_seqs": 2, "seed": 0}
-DEVICE_BLOCKS = 32  # the prompts below need ~60 distinct blocks
-
-
 @pytest.fixture(scope="module")
 def model(tiny_llama: Path) -> Path:
     return tiny_llama
@@ -259,19 +260,12 @@ def model(tiny_llama: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    rng = random.Random(0)
-    shared = [rng.randrange(3, 250) for _ in range(24)]
-    return [shared + [rng.randrange(3, 250) for _ in range(24)] for _ in range(8)]
+    return tier_prompts()
 
 
 @pytest.fixture(scope="module")
 def expected(model: Path, prompts: list[list[int]]) -> list[list[int]]:
-    ref = LLM(str(model), **ENGINE | {"num_blocks": 128}, enable_prefix_caching=False)
-    return token_ids(ref.generate(prompts, PARAMS))
-
-
-def token_ids(outputs: list) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in outputs]
+    return cache_off_reference(model, prompts)
 
 
 def cluster_llm(model: Path, url: str, **tiers: object) -> LLM:
