@@ -183,7 +183,7 @@ class ReuseOracle:
         if hit:
             node.prio = max(self._value(h) for h in node.hashes)
 
-    def on_evict(self, node, hashes: tuple[int, ...]) -> None:  # noqa: ANN001
+    def record_eviction(self, node, hashes: tuple[int, ...]) -> None:  # noqa: ANN001
         self.clock = max(self.clock, node.evict_prio)
 
 

@@ -39,7 +39,7 @@ class EvictionPolicy(Protocol):
     def on_access(self, node: Node, tick: int, hit: bool) -> None:
         """`node` lay on the path of a match (hit=True) or of an insert (hit=False)."""
 
-    def on_evict(self, node: Node, hashes: tuple[int, ...]) -> None:
+    def record_eviction(self, node: Node, hashes: tuple[int, ...]) -> None:
         """The blocks `hashes` of `node` (priority `node.evict_prio`) were just evicted
         (None when the policy does not use hashes and nobody asked for them)."""
 
@@ -59,7 +59,7 @@ class LRUPolicy:
     def on_access(self, node: Node, tick: int, hit: bool) -> None:
         node.prio = tick
 
-    def on_evict(self, node: Node, hashes: tuple[int, ...]) -> None:
+    def record_eviction(self, node: Node, hashes: tuple[int, ...]) -> None:
         pass
 
 
@@ -107,7 +107,7 @@ class FrequencyAgeingPolicy:
             node.freq += 1
             node.prio = self.clock + 1.0 + math.log2(node.freq)
 
-    def on_evict(self, node: Node, hashes: tuple[int, ...]) -> None:
+    def record_eviction(self, node: Node, hashes: tuple[int, ...]) -> None:
         if node.evict_prio > self.clock:
             self.clock = node.evict_prio
         if not self.ghost_capacity:

@@ -101,7 +101,7 @@ class LearnedReusePolicy:
         node.freq += 1
         self._reference(node, ("hit", min(node.freq - 1, 4)))
 
-    def on_evict(self, node: Node, hashes: tuple[int, ...]) -> None:
+    def record_eviction(self, node: Node, hashes: tuple[int, ...]) -> None:
         if node.evict_prio > self.clock:  # the victim's priority: its tail's while pending
             self.clock = node.evict_prio
         key = node.hashes[0] if node.hashes else hashes[0]

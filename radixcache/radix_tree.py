@@ -402,7 +402,7 @@ class RadixTree:
         if node.units:
             node.units = node.units[: self._units_before(node.depth, node.end_depth)]
             node.sampled = self._sampled(node.units)
-        self.policy.on_evict(node, victim.hashes)  # type: ignore[arg-type]
+        self.policy.record_eviction(node, victim.hashes)  # type: ignore[arg-type]
         node.tail_prio = None
         if keep:
             self._list(node)

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from radixcache.hashing import Namespace
 
 # Called with the blocks a tier dropped to stay within its budget (write-back spills them lower).
-EvictCallback = Callable[["Namespace", list[tuple[int, bytes]]], None]
+SpillDown = Callable[["Namespace", list[tuple[int, bytes]]], None]
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Tier(Protocol):
 
     name: str
     stats: TierStats
-    on_evict: EvictCallback | None
+    spill_down: SpillDown | None
 
     def contains(self, ns: Namespace, hashes: list[int]) -> list[bool]: ...
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from storage.base import EvictCallback, TierStats
+from storage.base import SpillDown, TierStats
 from storage.codec import CorruptBlock, verify_block
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class DiskTier:
         root: Path | str,
         capacity_bytes: int,
         *,
-        on_evict: EvictCallback | None = None,
+        spill_down: SpillDown | None = None,
         full_cooldown_s: float = 30.0,
         fsync: bool = False,
         clock: Callable[[], float] = time.monotonic,
@@ -59,7 +59,7 @@ class DiskTier:
         self.root = Path(root)
         self.fsync = fsync
         self.capacity_bytes = capacity_bytes
-        self.on_evict = on_evict
+        self.spill_down = spill_down
         self.full_cooldown_s = full_cooldown_s
         self.stats = TierStats()
         self.writes_stopped_until = float("-inf")
@@ -195,7 +195,7 @@ class DiskTier:
         evicted = []
         while self._used + size > self.capacity_bytes and self._index:
             key = next(iter(self._index))
-            if self.on_evict is not None and key[0] in self._namespaces:
+            if self.spill_down is not None and key[0] in self._namespaces:
                 with contextlib.suppress(OSError):
                     evicted.append((*key, self._path(*key).read_bytes()))
             self._remove(key)
@@ -203,10 +203,10 @@ class DiskTier:
         return evicted
 
     def _spill(self, evicted: list[tuple[str, int, bytes]]) -> None:
-        if self.on_evict is None:
+        if self.spill_down is None:
             return
         for nsx, h, value in evicted:
-            self.on_evict(self._namespaces[nsx], [(h, value)])
+            self.spill_down(self._namespaces[nsx], [(h, value)])
 
     def _remove(self, key: tuple[str, int]) -> None:
         """Under the lock: forget the key and delete its file."""

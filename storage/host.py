@@ -6,7 +6,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from storage.base import EvictCallback, TierStats
+from storage.base import SpillDown, TierStats
 
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
@@ -18,9 +18,9 @@ class HostTier:
 
     name = "host"
 
-    def __init__(self, capacity_bytes: int, on_evict: EvictCallback | None = None) -> None:
+    def __init__(self, capacity_bytes: int, spill_down: SpillDown | None = None) -> None:
         self.capacity_bytes = capacity_bytes
-        self.on_evict = on_evict
+        self.spill_down = spill_down
         self.stats = TierStats()
         # (namespace hex, block hash) -> (namespace, value); order = LRU first
         self._entries: OrderedDict[tuple[str, int], tuple[Namespace, bytes]] = OrderedDict()
@@ -89,10 +89,10 @@ class HostTier:
         return evicted
 
     def _spill(self, evicted: list[tuple[Namespace, int, bytes]]) -> None:
-        if self.on_evict is None or not evicted:
+        if self.spill_down is None or not evicted:
             return
         by_ns: dict[str, tuple[Namespace, list[tuple[int, bytes]]]] = {}
         for ns, h, value in evicted:
             by_ns.setdefault(ns.hex, (ns, []))[1].append((h, value))
         for ns, items in by_ns.values():
-            self.on_evict(ns, items)
+            self.spill_down(ns, items)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import AskError, MovedError
 
-from storage.base import EvictCallback, block_key
+from storage.base import SpillDown, block_key
 from storage.codec import CorruptBlock, verify_block
 from storage.redis_health import NodeHealth, RedisStats
 from storage.redis_nodes import (
@@ -68,7 +68,7 @@ class RedisTier:
         self.prefix = prefix
         self.ttl_s = ttl_s
         self.cooldown_s = cooldown_s
-        self.on_evict: EvictCallback | None = None  # Redis expires by TTL / its own maxmemory
+        self.spill_down: SpillDown | None = None  # Redis expires by TTL / its own maxmemory
         self.stats = RedisStats()
         self.open_until = float("-inf")  # whole tier skipped: the topology could not be read
         self._clock = clock

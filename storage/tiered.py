@@ -57,9 +57,9 @@ class TieredStore:
         for i, tier in enumerate(self.tiers):
             target = self._spill_target(i)
             if observer is not None:
-                tier.on_evict = partial(self._evicted, tier, target)
+                tier.spill_down = partial(self._evicted, tier, target)
             else:
-                tier.on_evict = None if target is None else partial(self._writer.put, target)
+                tier.spill_down = None if target is None else partial(self._writer.put, target)
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="tier-loader")
 
     # --- engine-facing API ---

@@ -8,7 +8,7 @@ from tests.storage.blocks import VALUE_BYTES, chain, encoded
 def test_lru_keeps_within_budget_and_spills_oldest(ns: Namespace) -> None:
     spilled: list[tuple[Namespace, list[int]]] = []
     tier = HostTier(
-        3 * VALUE_BYTES, on_evict=lambda n, items: spilled.append((n, [h for h, _ in items]))
+        3 * VALUE_BYTES, spill_down=lambda n, items: spilled.append((n, [h for h, _ in items]))
     )
     hashes = chain(ns, 5)
     tier.put(ns, encoded(hashes[:3]))
