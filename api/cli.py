@@ -333,7 +333,9 @@ def describe_tiers(cfg: Any, device_blocks: int | None = None) -> str:
         if tiers.disk_path is not None:
             parts.append(f"disk ({tiers.disk_path}, {human(tiers.disk_bytes)})")
         if tiers.redis_url:
-            parts.append(f"redis ({tiers.redis_url}, {tiers.write_policy})")
+            from storage.redis_nodes import redacted_url
+
+            parts.append(f"redis ({redacted_url(tiers.redis_url)}, {tiers.write_policy})")
     if not cfg.enable_prefix_caching:
         return "off (prefix caching disabled)"
     return " -> ".join(parts)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -30,7 +30,7 @@ class TierConfig:
     host_bytes: int = 0
     disk_path: Path | str | None = None
     disk_bytes: int = 16 << 30
-    redis_url: str | None = None
+    redis_url: str | None = field(default=None, repr=False)  # may hold a password
     redis_prefix: str = "radixcache"
     redis_ttl_s: int | None = 24 * 3600
     redis_timeout_s: float = 0.25  # socket connect/read timeout

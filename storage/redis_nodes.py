@@ -93,6 +93,15 @@ class ClusterAddress:
     ssl: bool = False
 
 
+def redacted_url(url: str) -> str:
+    """The URL with its password replaced by *** (for banners, logs and errors)."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, hosts = rest.rpartition("@")
+    if not sep or not at or ":" not in creds:
+        return url
+    return f"{scheme}://{creds.split(':', 1)[0]}:***@{hosts}"
+
+
 def parse_cluster_url(url: str) -> ClusterAddress:
     """redis+cluster://[user:password@]host:port[,host:port...][/0] (rediss+ for TLS)."""
     scheme, rest = url.split("://", 1)

@@ -28,7 +28,7 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, password: str | None = None) -> None:
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             raise RuntimeError(
@@ -36,11 +36,13 @@ class RedisServer:
             )
         self.workdir = workdir
         self.port = port or free_port()
+        self.password = password  # requirepass: clients must AUTH
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         if self.running:
@@ -54,6 +56,7 @@ class RedisServer:
                 "--appendonly", "no",
                 "--dir", str(self.workdir),
                 "--protected-mode", "no",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -61,7 +64,9 @@ class RedisServer:
         self._wait_ready()
 
     def _wait_ready(self) -> None:
-        client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
+        client = redis.Redis(
+            port=self.port, password=self.password, socket_timeout=0.5, socket_connect_timeout=0.5
+        )
         end = time.monotonic() + STARTUP_TIMEOUT_S
         try:
             while True:
@@ -99,4 +104,4 @@ class RedisServer:
             self.proc = None
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=2)
+        return redis.Redis(port=self.port, password=self.password, socket_timeout=2)
