@@ -14,12 +14,9 @@ import asyncio
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
-from benchmarks.soak_driver import make_requests, percentile, rss_bytes, run_soak
+from benchmarks.soak_driver import make_requests, percentile, rss_bytes, run_soak, wait_idle
 from engine.llm import LLM
 from engine.loader import ensure_default_model
 from engine.sampling import SamplingParams
@@ -34,17 +31,6 @@ def reference(model: Path, dtype: str, requests: list) -> list[str]:
     texts = [o.outputs[0].text for o in llm.generate([r.prompt for r in requests], params)]
     llm.engine.close()
     return texts
-
-
-def wait_idle(url: str, timeout_s: float = 120) -> dict:
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(base_url=url, timeout=30) as client:
-        while True:
-            report = client.get("/v1/cache/integrity").json()
-            idle = report["requests"] == {"running": 0, "waiting": 0} and not report["in_flight"]
-            if (idle and report["blocks"]["referenced"] == 0) or time.monotonic() > deadline:
-                return report
-            time.sleep(0.05)  # polling interval
 
 
 def main(args: argparse.Namespace) -> None:
@@ -68,7 +54,7 @@ def main(args: argparse.Namespace) -> None:
             result = asyncio.run(run_soak(server.url, model.name, requests, args.clients, 600))
             want = reference(model, args.dtype, requests)
             wrong = sum(texts != [want[i]] * requests[i].n for i, texts in result.texts.items())
-            report = wait_idle(server.url)
+            report = wait_idle(server.url, timeout_s=120)
             rows.append(
                 {
                     "round": r,

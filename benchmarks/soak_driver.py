@@ -134,6 +134,23 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def is_idle(report: dict) -> bool:
+    """An integrity report of a server with nothing running, waiting or holding a block."""
+    quiet = report["requests"] == {"running": 0, "waiting": 0} and report["in_flight"] == 0
+    return quiet and report["blocks"]["referenced"] == 0
+
+
+def wait_idle(url: str, timeout_s: float = 60) -> dict:
+    """Polls the admin integrity report until the server is idle (or the deadline); the last one."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=url, timeout=30) as client:
+        while True:
+            report = client.get("/v1/cache/integrity").json()
+            if is_idle(report) or time.monotonic() > deadline:
+                return report
+            time.sleep(0.02)  # polling interval
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process (Linux /proc)."""
     with open(f"/proc/{pid}/status") as f:

@@ -47,9 +47,7 @@ class LLMEngine:
         self.stop = StopChecker(set(self.tokenizer.eos_token_ids), self.max_model_len)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
-        self.analytics = CacheAnalytics(
-            self.stats, self.scheduler, self.blocks, self.prefix_cache, self.tiers
-        )
+        self.analytics = CacheAnalytics(self.stats, self.scheduler, self.prefix_cache, self.tiers)
 
     def close(self) -> None:
         """Finishes queued tier writes and stops the tier threads."""
@@ -235,7 +233,8 @@ class LLMEngine:
         return self.prefix_cache.stats()
 
     def lookup(self, token_ids: list[int], cache_salt: str = "") -> dict[str, int]:
-        return self.analytics.lookup(self.namespace_for(cache_salt), token_ids)
+        """Tokens of this prompt's prefix cached per tier, without running or locking it."""
+        return self.blocks.lookup(self.namespace_for(cache_salt), token_ids)
 
     def hottest_prefixes(self, limit: int = 10, cache_salt: str | None = None) -> list[PrefixInfo]:
         ns = None if cache_salt is None else self.namespace_for(cache_salt)

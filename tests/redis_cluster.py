@@ -39,28 +39,14 @@ class ClusterNode(RedisServer):
         super().__init__(workdir)
         self.bus_port = free_port()
 
-    def start(self) -> None:
-        if self.running:
-            return
-        self.proc = subprocess.Popen(
-            [
-                self.binary,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", str(self.workdir),
-                "--protected-mode", "no",
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", "nodes.conf",
-                "--cluster-port", str(self.bus_port),
-                "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-                "--cluster-require-full-coverage", "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        self._wait_ready()
+    def extra_args(self) -> list[str]:
+        return [
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-port", str(self.bus_port),
+            "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+            "--cluster-require-full-coverage", "no",
+        ]  # fmt: skip
 
     @property
     def address(self) -> str:

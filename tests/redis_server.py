@@ -56,12 +56,16 @@ class RedisServer:
                 "--appendonly", "no",
                 "--dir", str(self.workdir),
                 "--protected-mode", "no",
-                *(["--requirepass", self.password] if self.password else []),
+                *self.extra_args(),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
         self._wait_ready()
+
+    def extra_args(self) -> list[str]:
+        """Options beyond the loopback, no-persistence base every test server runs with."""
+        return ["--requirepass", self.password] if self.password else []
 
     def _wait_ready(self) -> None:
         client = redis.Redis(

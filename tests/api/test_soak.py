@@ -5,13 +5,11 @@ memory flat, and every completed answer equals the cache-off reference."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from benchmarks.soak_driver import make_requests, rss_bytes, run_soak
+from benchmarks.soak_driver import is_idle, make_requests, rss_bytes, run_soak, wait_idle
 from engine.sampling import SamplingParams
 from tests.serve_process import ServeProcess
 
@@ -28,18 +26,6 @@ def reference_texts(make_llm, requests) -> list[str]:
     return [o.outputs[0].text for o in llm.generate([r.prompt for r in requests], params)]
 
 
-def wait_idle(client: httpx.Client, timeout_s: float = 60) -> dict:
-    """Polls the admin integrity report until no request runs, waits or holds a block."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        report = client.get("/v1/cache/integrity").json()
-        idle = report["requests"] == {"running": 0, "waiting": 0} and report["in_flight"] == 0
-        if idle and report["blocks"]["referenced"] == 0:
-            return report
-        assert time.monotonic() < deadline, report
-        time.sleep(0.02)  # polling interval
-
-
 @pytest.mark.slow
 def test_soak_leaves_nothing_behind(make_llm, tiny_llama: Path, tmp_path: Path) -> None:
     rounds = [make_requests(2 * CLIENTS, seed=s, prefix_len=64) for s in range(3)]
@@ -50,18 +36,18 @@ def test_soak_leaves_nothing_behind(make_llm, tiny_llama: Path, tmp_path: Path) 
     server.wait_healthy()
     rss = []
     try:
-        with httpx.Client(base_url=server.url, timeout=60) as client:
-            for requests in rounds:
-                result = asyncio.run(run_soak(server.url, tiny_llama.name, requests, CLIENTS))
-                assert result.errors == []
-                assert result.completed + result.hung_up == len(requests)
-                assert result.hung_up > 0 and result.completed > len(requests) // 2
-                want = reference_texts(make_llm, requests)
-                for index, texts in result.texts.items():
-                    assert texts == [want[index]] * requests[index].n, requests[index]
-                report = wait_idle(client)
-                assert report["ok"], report["error"]
-                rss.append(rss_bytes(server.proc.pid))
+        for requests in rounds:
+            result = asyncio.run(run_soak(server.url, tiny_llama.name, requests, CLIENTS))
+            assert result.errors == []
+            assert result.completed + result.hung_up == len(requests)
+            assert result.hung_up > 0 and result.completed > len(requests) // 2
+            want = reference_texts(make_llm, requests)
+            for index, texts in result.texts.items():
+                assert texts == [want[index]] * requests[index].n, requests[index]
+            report = wait_idle(server.url)
+            assert is_idle(report), report
+            assert report["ok"], report["error"]
+            rss.append(rss_bytes(server.proc.pid))
     finally:
         server.terminate()
     assert rss[-1] <= rss[0] * 1.1, rss  # after the warm-up round, memory stays flat
