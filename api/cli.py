@@ -99,9 +99,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--dtype",
-        default="bfloat16",
-        choices=["bfloat16", "float16", "float32"],
-        help="weights and KV cache dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float16", "float32"],
+        help="weights and KV cache dtype; auto: bfloat16 where the CPU has bf16 dot products "
+        "(avx512_bf16, AMX) or on CUDA, float32 on other CPUs",
     )
     g.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -378,7 +379,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def ready(state: Any) -> None:
         device = state.counters().occupancy.get("device")
         blocks = device.capacity_blocks if device is not None else None
-        print(f"radixcache: serving {state.model_name} at {url}/v1", flush=True)
+        dtype = state.engine.engine.namespace.kv_dtype
+        print(f"radixcache: serving {state.model_name} ({dtype}) at {url}/v1", flush=True)
         print(f"radixcache: KV cache tiers: {describe_tiers(ecfg, blocks)}", flush=True)
         print(f"radixcache: {describe_auth(acfg)}", flush=True)
         publisher = state.engine.engine.kv_events

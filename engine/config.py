@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.dtypes import DTYPES
+from engine.dtypes import AUTO, DTYPES
 from radixcache.policy import POLICIES
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ EVICTION_POLICIES = tuple(POLICIES)
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # HF folder; None = the default model (fetched on first use)
-    dtype: str = "bfloat16"
+    dtype: str = AUTO  # a DTYPES name, or "auto": engine.dtypes.resolve_dtype picks per device
     device: str = "cpu"
     block_size: int = 16
     kv_cache_memory: int | None = None  # bytes for the paged KV tensor
@@ -35,8 +35,9 @@ class EngineConfig:
     seed: int = 0  # global sampling seed for requests without their own seed
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.dtype != AUTO and self.dtype not in DTYPES:
+            choices = (AUTO, *DTYPES)
+            raise ValueError(f"dtype must be one of {choices}, got {self.dtype!r}")
         for name in (
             "block_size",
             "max_num_seqs",

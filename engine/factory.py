@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.block_manager import BlockManager, NoCacheBlockManager
+from engine.dtypes import resolve_dtype
 from engine.kv_cache import DTYPES, KVCache
 from engine.kv_events import KVEventSink, ZmqEventPublisher
 from engine.kv_tiers import KVTiers
@@ -47,7 +48,8 @@ def build_parts(config: EngineConfig) -> EngineParts:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     path = Path(config.model) if config.model else ensure_default_model()
-    device, dtype = torch.device(config.device), DTYPES[config.dtype]
+    dtype_name = resolve_dtype(config.dtype, config.device)
+    device, dtype = torch.device(config.device), DTYPES[dtype_name]
     model = load_model(path, dtype, device)
     mc = model.config
     max_model_len = min(
@@ -85,7 +87,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         tokenizer=load_tokenizer(path),
         max_model_len=max_model_len,
         namespace=Namespace(
-            model_id=model.model_id, kv_dtype=config.dtype, block_size=config.block_size
+            model_id=model.model_id, kv_dtype=dtype_name, block_size=config.block_size
         ),
         kv_cache=kv_cache,
         prefix_cache=prefix_cache,
