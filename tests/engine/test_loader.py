@@ -54,7 +54,8 @@ def test_load_with_and_without_packed_weights(tmp_path, dtype):
     assert packed.embed_tokens.dtype == dtype
     assert packed.lm_head is packed.embed_tokens
     # oneDNN packs float32 on any x86 CPU, bfloat16 only with AVX-512 (else the plain path runs)
-    can_pack = dtype == torch.float32 or torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    can_pack = dtype == torch.float32 or avx512
     assert bool(packed.layers[0].packed) == can_pack and not plain.layers[0].packed
     outs = []
     for model in (packed, plain):
