@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote
 
 import redis
 from redis.backoff import NoBackoff
@@ -91,23 +91,39 @@ class ClusterAddress:
     username: str | None = None
     password: str | None = None
     ssl: bool = False
+    ssl_options: tuple[tuple[str, str], ...] = ()  # rediss+cluster query options (CA, client cert)
 
 
 def redacted_url(url: str) -> str:
     """The URL with its password replaced by *** (for banners, logs and errors)."""
     scheme, sep, rest = url.partition("://")
+    rest, q, query = rest.partition("?")
     creds, at, hosts = rest.rpartition("@")
     if not sep or not at or ":" not in creds:
         return url
-    return f"{scheme}://{creds.split(':', 1)[0]}:***@{hosts}"
+    return f"{scheme}://{creds.split(':', 1)[0]}:***@{hosts}{q}{query}"
+
+
+# what a TLS cluster URL may say in its query, as redis-py's own rediss:// URLs do
+CLUSTER_SSL_OPTIONS = frozenset(
+    {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"}
+)
 
 
 def parse_cluster_url(url: str) -> ClusterAddress:
-    """redis+cluster://[user:password@]host:port[,host:port...][/0] (rediss+ for TLS)."""
+    """redis+cluster://[user:password@]host:port[,host:port...][/0]; rediss+cluster:// for TLS,
+    which may add ?ssl_ca_certs=PATH (and ssl_certfile, ssl_keyfile, ssl_cert_reqs,
+    ssl_check_hostname)."""
     scheme, rest = url.split("://", 1)
+    rest, _, query = rest.partition("?")
     rest, _, path = rest.partition("/")
-    if path.strip("/") not in ("", "0") or "?" in rest:
-        raise ValueError(f"{url!r}: a cluster has only database 0 and takes no query options")
+    if path.strip("/") not in ("", "0"):
+        raise ValueError(f"{url!r}: a cluster has only database 0")
+    ssl = scheme == "rediss+cluster"
+    options = tuple(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+    unknown = sorted({k for k, _ in options} - (CLUSTER_SSL_OPTIONS if ssl else frozenset()))
+    if unknown:
+        raise ValueError(f"{redacted_url(url)!r}: unknown query option(s) {unknown}")
     user = password = None
     if "@" in rest:
         auth, rest = rest.rsplit("@", 1)
@@ -116,7 +132,14 @@ def parse_cluster_url(url: str) -> ClusterAddress:
     seeds = tuple(_host_port(part, url) for part in rest.split(",") if part)
     if not seeds:
         raise ValueError(f"{url!r}: no seed node (redis+cluster://HOST:PORT[,HOST:PORT...])")
-    return ClusterAddress(seeds, user, password, ssl=scheme == "rediss+cluster")
+    return ClusterAddress(seeds, user, password, ssl=ssl, ssl_options=options)
+
+
+def _ssl_kwargs(options: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = dict(options)
+    if "ssl_check_hostname" in kwargs:
+        kwargs["ssl_check_hostname"] = kwargs["ssl_check_hostname"].lower() in ("1", "true", "yes")
+    return kwargs
 
 
 def _host_port(part: str, url: str) -> tuple[str, int]:
@@ -146,6 +169,7 @@ class ClusterNodes:
             "username": address.username,
             "password": address.password,
             "ssl": address.ssl,
+            **_ssl_kwargs(address.ssl_options),
         }
         self._cluster: RedisCluster | None = None
         self._lock = threading.Lock()

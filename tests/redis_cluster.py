@@ -26,7 +26,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from tests.redis_server import STARTUP_TIMEOUT_S, RedisServer, free_port
+from tests.redis_server import STARTUP_TIMEOUT_S, RedisServer, TlsFiles, free_port
 
 NODE_TIMEOUT_MS = 500
 POLL_S = 0.02  # poll interval while waiting for the cluster to reach a state
@@ -35,8 +35,8 @@ POLL_S = 0.02  # poll interval while waiting for the cluster to reach a state
 class ClusterNode(RedisServer):
     """One cluster-enabled redis-server; its folder keeps nodes.conf across restarts."""
 
-    def __init__(self, workdir: Path) -> None:
-        super().__init__(workdir)
+    def __init__(self, workdir: Path, tls: TlsFiles | None = None) -> None:
+        super().__init__(workdir, tls=tls)
         self.bus_port = free_port()
 
     def extra_args(self) -> list[str]:
@@ -46,6 +46,7 @@ class ClusterNode(RedisServer):
             "--cluster-port", str(self.bus_port),
             "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
             "--cluster-require-full-coverage", "no",
+            *(["--tls-cluster", "yes"] if self.tls else []),  # the bus and redirects speak TLS
         ]  # fmt: skip
 
     @property
@@ -57,23 +58,31 @@ class ClusterNode(RedisServer):
 
 
 class RedisClusterServers:
-    def __init__(self, workdir: Path, masters: int = 3) -> None:
+    def __init__(self, workdir: Path, masters: int = 3, tls: TlsFiles | None = None) -> None:
         self.cli = shutil.which("redis-cli")
         if self.cli is None:
             raise RuntimeError(
                 "redis-cli not found: run `make install-dev` (scripts/ensure_redis.sh)"
             )
-        self.nodes = [ClusterNode(_mkdir(workdir / f"node{i}")) for i in range(masters)]
+        self.tls = tls
+        self.nodes = [ClusterNode(_mkdir(workdir / f"node{i}"), tls) for i in range(masters)]
 
     @property
     def url(self) -> str:
-        return "redis+cluster://" + ",".join(n.address for n in self.nodes)
+        seeds = ",".join(n.address for n in self.nodes)
+        if self.tls is None:
+            return f"redis+cluster://{seeds}"
+        return f"rediss+cluster://{seeds}?ssl_ca_certs={self.tls.ca_cert}"
+
+    def cli_args(self) -> list[str]:
+        tls = ["--tls", "--cacert", str(self.tls.ca_cert)] if self.tls else []
+        return [self.cli, *tls]
 
     def start(self) -> None:
         for node in self.nodes:
             node.start()
         subprocess.run(
-            [self.cli, "--cluster", "create", *[n.address for n in self.nodes],
+            [*self.cli_args(), "--cluster", "create", *[n.address for n in self.nodes],
              "--cluster-replicas", "0", "--cluster-yes"],
             check=True,
             stdout=subprocess.DEVNULL,
@@ -112,11 +121,12 @@ class RedisClusterServers:
 
     def add_replica(self, master: ClusterNode) -> ClusterNode:
         """A new node replicating `master`, in sync when this returns."""
-        replica = ClusterNode(_mkdir(self.nodes[0].workdir.parent / f"node{len(self.nodes)}"))
+        folder = _mkdir(self.nodes[0].workdir.parent / f"node{len(self.nodes)}")
+        replica = ClusterNode(folder, self.tls)
         replica.start()
         self.nodes.append(replica)
         subprocess.run(
-            [self.cli, "--cluster", "add-node", replica.address, master.address,
+            [*self.cli_args(), "--cluster", "add-node", replica.address, master.address,
              "--cluster-slave", "--cluster-master-id", master.node_id()],
             check=True,
             stdout=subprocess.DEVNULL,
@@ -153,7 +163,8 @@ class RedisClusterServers:
     def client(self) -> redis.RedisCluster:
         running = [n for n in self.nodes if n.running]
         startup = [redis.cluster.ClusterNode("127.0.0.1", n.port) for n in running]
-        return redis.RedisCluster(startup_nodes=startup, socket_timeout=2)
+        tls = {"ssl": True, "ssl_ca_certs": str(self.tls.ca_cert)} if self.tls else {}
+        return redis.RedisCluster(startup_nodes=startup, socket_timeout=2, **tls)
 
     @staticmethod
     def _healthy(node: ClusterNode, expected: int) -> bool:
@@ -186,8 +197,8 @@ def _mkdir(path: Path) -> Path:
 
 
 @contextmanager
-def running_cluster(workdir: Path) -> Iterator[RedisClusterServers]:
-    cluster = RedisClusterServers(workdir)
+def running_cluster(workdir: Path, tls: TlsFiles | None = None) -> Iterator[RedisClusterServers]:
+    cluster = RedisClusterServers(workdir, tls=tls)
     try:
         cluster.start()
         yield cluster

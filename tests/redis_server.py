@@ -6,6 +6,10 @@ def test_x(redis_server):
     url = redis_server.url          # redis://127.0.0.1:<port>/0
     redis_server.kill()             # SIGKILL, as a crash would
     redis_server.start()            # same port, empty data
+
+RedisServer(folder, password="pw", username="alice") adds an ACL user (the default user is then
+off); RedisServer(folder, tls=make_tls_files(folder)) listens for TLS only (`rediss://` URLs that
+trust the test CA through `?ssl_ca_certs=`).
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import shutil
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+import trustme
 
 STARTUP_TIMEOUT_S = 10.0
 
@@ -27,8 +33,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    ca_cert: Path  # the CA clients must trust
+    cert: Path  # the server's certificate (for 127.0.0.1 and localhost), signed by the CA
+    key: Path
+
+
+def make_tls_files(folder: Path) -> TlsFiles:
+    """A fresh CA and a server certificate it signed, as PEM files in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    files = TlsFiles(folder / "ca.pem", folder / "server.pem", folder / "server.key")
+    ca.cert_pem.write_to_path(str(files.ca_cert))
+    issued.cert_chain_pems[0].write_to_path(str(files.cert))
+    issued.private_key_pem.write_to_path(str(files.key))
+    return files
+
+
 class RedisServer:
-    def __init__(self, workdir: Path, port: int | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        password: str | None = None,
+        username: str | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             raise RuntimeError(
@@ -36,13 +68,17 @@ class RedisServer:
             )
         self.workdir = workdir
         self.port = port or free_port()
-        self.password = password  # requirepass: clients must AUTH
+        self.password = password  # requirepass, or the ACL user's password: clients must AUTH
+        self.username = username
+        self.tls = tls
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        auth = f"{self.username or ''}:{self.password}@" if self.password else ""
+        if self.tls is None:
+            return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={self.tls.ca_cert}"
 
     def start(self) -> None:
         if self.running:
@@ -50,7 +86,7 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [
                 self.binary,
-                "--port", str(self.port),
+                *self.listen_args(),
                 "--bind", "127.0.0.1",
                 "--save", "",
                 "--appendonly", "no",
@@ -63,14 +99,29 @@ class RedisServer:
         )  # fmt: skip
         self._wait_ready()
 
+    def listen_args(self) -> list[str]:
+        if self.tls is None:
+            return ["--port", str(self.port)]
+        return [
+            "--port", "0",  # no plain-text listener
+            "--tls-port", str(self.port),
+            "--tls-cert-file", str(self.tls.cert),
+            "--tls-key-file", str(self.tls.key),
+            "--tls-ca-cert-file", str(self.tls.ca_cert),
+            "--tls-auth-clients", "no",  # server-authenticated TLS, as a managed Redis offers
+        ]  # fmt: skip
+
     def extra_args(self) -> list[str]:
         """Options beyond the loopback, no-persistence base every test server runs with."""
-        return ["--requirepass", self.password] if self.password else []
+        if self.password is None:
+            return []
+        if self.username is None:
+            return ["--requirepass", self.password]
+        return ["--user", "default", "off", "--user", self.username, "on", f">{self.password}",
+                "~*", "&*", "+@all"]  # fmt: skip
 
     def _wait_ready(self) -> None:
-        client = redis.Redis(
-            port=self.port, password=self.password, socket_timeout=0.5, socket_connect_timeout=0.5
-        )
+        client = self.client(timeout_s=0.5)
         end = time.monotonic() + STARTUP_TIMEOUT_S
         try:
             while True:
@@ -107,5 +158,13 @@ class RedisServer:
                 self.proc.wait()
             self.proc = None
 
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, password=self.password, socket_timeout=2)
+    def client(self, timeout_s: float = 2) -> redis.Redis:
+        tls = {"ssl": True, "ssl_ca_certs": str(self.tls.ca_cert)} if self.tls else {}
+        return redis.Redis(
+            port=self.port,
+            username=self.username,
+            password=self.password,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            **tls,
+        )
