@@ -6,7 +6,7 @@ our row of the same mode so both see the same machine; transformers `generate` o
 time (--hf-requests). --profile adds a time breakdown of our cache-on run per workload.
 
     GOMP_CPU_AFFINITY="0 1" python -m benchmarks.bench_engine --workloads gsp mt \\
-        --dtypes bfloat16 --threads 2 --vllm-python /work/venvs/vllm/bin/python --profile
+        --threads 2 --vllm-python /work/venvs/vllm/bin/python --profile --cached-ttft 512 2048
 
 GOMP_CPU_AFFINITY pins our two OpenMP threads to cores 0 and 1, as VLLM_CPU_OMP_THREADS_BIND=0-1
 pins vLLM's (it must be set before the process starts). On a shared, oversubscribed machine
@@ -42,7 +42,7 @@ from benchmarks.workloads import (
 )
 from engine.attention import make_attention_backend
 from engine.config import EngineConfig
-from engine.dtypes import torch_dtype
+from engine.dtypes import resolve_dtype, torch_dtype
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestResult
 from engine.request import Prompt
@@ -181,6 +181,53 @@ def bench_engine(model: Path, dtype: str, caching: bool, workload: str, vocab: i
         1000 * statistics.fmean(decode) if decode else None,
         cpu,
     )
+
+
+def bench_cached_ttft(model: Path, dtype: str, vocab: int, lengths: list[int]) -> list[dict]:
+    """A repeated prompt (every block but the last cached) against one decode step of the same
+    request: TTFT of the repeat, and its time per output token over 16 more tokens (batch 1)."""
+    engine = make_engine(model, dtype, True)
+    warm(engine, vocab)
+    params = SamplingParams(temperature=0, max_tokens=17, ignore_eos=True)
+    rows = []
+    for length in lengths:
+        prompt = random_tokens(random.Random(length), length, vocab)
+        runs = []
+        for tag in ("cold", "repeat-1", "repeat-2", "repeat-3"):
+            t0 = time.monotonic()
+            engine.add_request(f"ttft-{length}-{tag}", Prompt(prompt), params)
+            result = RequestResult(f"ttft-{length}-{tag}")
+            while engine.has_unfinished():
+                for out in engine.step():
+                    result.add(out)
+            first, last = result.metrics["first_token_time"], time.monotonic()
+            runs.append((first - t0, (last - first) / (params.max_tokens - 1)))
+        repeats = runs[1:]
+        ttft = statistics.median(t for t, _ in repeats)
+        tpot = statistics.median(d for _, d in repeats)
+        rows.append(
+            {
+                "prompt_tokens": length,
+                "cold_ttft_ms": 1000 * runs[0][0],
+                "cached_ttft_ms": 1000 * ttft,
+                "decode_step_ms": 1000 * tpot,
+                "ttft_over_step": ttft / tpot,
+            }
+        )
+    engine.close()
+    return rows
+
+
+def print_cached_ttft(rows: list[dict]) -> None:
+    print("\nfully cached TTFT (the same prompt again, alone) vs one decode step of that request")
+    print(
+        f"{'prompt':>7} {'cold TTFT ms':>13} {'cached TTFT ms':>15} {'decode step ms':>15} {'ratio':>6}"
+    )
+    for r in rows:
+        print(
+            f"{r['prompt_tokens']:>7} {r['cold_ttft_ms']:>13.1f} {r['cached_ttft_ms']:>15.1f} "
+            f"{r['decode_step_ms']:>15.1f} {r['ttft_over_step']:>6.2f}"
+        )
 
 
 def bench_vllm(model: Path, dtype: str, caching: bool, workload: str, vocab: int) -> Row:
@@ -404,8 +451,13 @@ def main() -> None:
 
     model = Path(args.model) if args.model else ensure_default_model()
     vocab = load_tokenizer(model).vocab_size
+    args.dtypes = [resolve_dtype(d, "cpu") for d in args.dtypes]
     rows: list[dict] = []
     profiles: list[dict] = []
+    cached_ttft: dict[str, list[dict]] = {}
+    for dtype in args.dtypes if args.cached_ttft else []:
+        cached_ttft[dtype] = bench_cached_ttft(model, dtype, vocab, args.cached_ttft)
+        print_cached_ttft(cached_ttft[dtype])
     for workload in args.workloads:
         for dtype in args.dtypes:
             for caching in (mode == "on" for mode in args.modes):
@@ -429,6 +481,8 @@ def main() -> None:
     print_table(rows)
     for p in profiles:
         print_profile(p)
+    for rows_of_dtype in cached_ttft.values():
+        print_cached_ttft(rows_of_dtype)
     out = write_results(
         args.out,
         rows,
@@ -436,6 +490,7 @@ def main() -> None:
         attention=args.attention,
         model=str(model),
         profiles=profiles,
+        cached_ttft=cached_ttft,
         settings_that_differ=(
             "vLLM: enforce_eager, max_model_len 4096, VLLM_CPU_KVCACHE_SPACE=4 GiB, "
             "VLLM_CPU_OMP_THREADS_BIND=0-1 (its scheduler/front-end processes share the cores); "
@@ -450,7 +505,9 @@ def main() -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workloads", nargs="+", default=["gsp", "mt"], choices=["gsp", "mt"])
-    parser.add_argument("--dtypes", nargs="+", default=["bfloat16"])
+    parser.add_argument(
+        "--dtypes", nargs="+", default=["auto"], help="auto: what `radixcache serve` picks here"
+    )
     parser.add_argument("--hf-requests", type=int, default=0, help="requests run by transformers")
     parser.add_argument("--modes", nargs="*", default=["on", "off"], choices=["on", "off"])
     parser.add_argument("--batched-tokens", type=int, default=2048)
@@ -464,6 +521,14 @@ if __name__ == "__main__":
         default="auto",
         choices=["auto", "native", "torch"],
         help="CPU attention: native decode kernel, pure torch, or native when it builds",
+    )
+    parser.add_argument(
+        "--cached-ttft",
+        nargs="*",
+        type=int,
+        default=[],
+        metavar="TOKENS",
+        help="also time a fully cached repeat of prompts of these lengths against a decode step",
     )
     parser.add_argument("--out", default="engine", help="results/<out>.json")
     args = parser.parse_args()
