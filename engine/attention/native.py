@@ -13,7 +13,10 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
-CFLAGS = ["-O3", "-march=native", "-fopenmp-simd"]
+# -fopenmp: at::parallel_for is OpenMP inline code, serial without it; libgomp.so.1 is the copy
+# torch already loaded (same soname), so the kernels share torch's thread pool and thread count
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
 
 
 @functools.cache
@@ -26,6 +29,7 @@ def load_native() -> NativeKernels | None:
             name="radixcache_attention",
             sources=[str(SOURCE)],
             extra_cflags=CFLAGS,
+            extra_ldflags=LDFLAGS,
             is_python_module=False,
         )
     except Exception as exc:  # no compiler, no ninja, a build error: the torch path still works

@@ -81,6 +81,13 @@ inline void softmax_rows(float* scores, int64_t group, int64_t len) {
   }
 }
 
+#if defined(__AVX512F__) || defined(RC_AVX2)
+inline void prefetch_row(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+}
+#endif
+
 #ifdef __AVX512F__
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) {
@@ -148,11 +155,6 @@ inline __m512 dot_parts(const __m512* qv, const T* qraw, const T* kr) {
   __m512 a = _mm512_mul_ps(qv[0], load16(kr));
   for (int64_t c = 1; c < D / 16; ++c) a = _mm512_fmadd_ps(qv[c], load16(kr + c * 16), a);
   return a;
-}
-
-inline void prefetch_row(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
 }
 
 // One sequence, kv heads [h0, h1), with 16-float vectors: each slot's rows of those heads are
@@ -314,16 +316,35 @@ inline __m256 reduce8(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
 }
 
-// q . k as 8 partial sums (reduced later); qv holds q as float vectors.
-template <typename T, int64_t D>
-inline __m256 dot_parts8(const __m256* qv, const T* kr) {
-  __m256 a = _mm256_mul_ps(qv[0], load8(kr));
-  for (int64_t c = 1; c < D / 8; ++c) a = _mm256_fmadd_ps(qv[c], load8(kr + c * 8), a);
+// q . k as 8 partial sums (reduced later): qv and kv hold the rows as float vectors.
+template <int64_t D>
+inline __m256 dot_parts8(const __m256* qv, const __m256* kv) {
+  __m256 a = _mm256_mul_ps(qv[0], kv[0]);
+  for (int64_t c = 1; c < D / 8; ++c) a = _mm256_fmadd_ps(qv[c], kv[c], a);
   return a;
 }
 
+// acc[g][0, 2) += sum_i p[g][i] v_i[0, 2) over the keys i < nt of one block (rows `row` apart):
+// NG query heads x 16 dims of one kv head, the accumulators in registers.
+template <typename T, int64_t NG>
+inline void value_chunk(__m256* const* acc, const float* const* p, const T* v, int64_t row,
+                        int64_t nt) {
+  __m256 a[NG][2];
+  for (int64_t g = 0; g < NG; ++g) a[g][0] = acc[g][0], a[g][1] = acc[g][1];
+  for (int64_t i = 0; i < nt; ++i) {
+    const __m256 x0 = load8(v + i * row), x1 = load8(v + i * row + 8);
+    for (int64_t g = 0; g < NG; ++g) {
+      const __m256 b = _mm256_broadcast_ss(p[g] + i);
+      a[g][0] = _mm256_fmadd_ps(b, x0, a[g][0]);
+      a[g][1] = _mm256_fmadd_ps(b, x1, a[g][1]);
+    }
+  }
+  for (int64_t g = 0; g < NG; ++g) acc[g][0] = a[g][0], acc[g][1] = a[g][1];
+}
+
 // decode_task_avx512 with 8-float vectors: chunks of 8 keys, one transposing reduction per
-// chunk and query head gives its 8 scores as one vector.
+// chunk and query head gives its 8 scores as one vector; values are summed one block at a time,
+// up to 3 query heads x 16 dims in registers. The block ahead is prefetched.
 template <typename T, int64_t D>
 void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
                       int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t h0, int64_t h1,
@@ -332,24 +353,32 @@ void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int3
   const int64_t row = hkv * D;
   const int64_t heads = (h1 - h0) * group;  // query heads of this task
   const int64_t stride = (len + 7) / 8 * 8;  // a score row, padded to whole vectors
+  const int64_t span_bytes = (h1 - h0) * D * static_cast<int64_t>(sizeof(T));
   scores.resize(static_cast<size_t>(heads * stride));
+  std::vector<int64_t> slots(static_cast<size_t>(len));  // key t's slot (no division per key)
+  for (int64_t t = 0, blk = 0; t < len; ++blk)
+    for (int64_t o = 0; o < bs && t < len; ++o, ++t) slots[t] = table[blk] * bs + o;
   std::vector<__m256> qv(static_cast<size_t>(heads * V)), acc(static_cast<size_t>(heads * V));
   for (int64_t j = 0; j < heads; ++j)
     for (int64_t c = 0; c < V; ++c) {
       qv[j * V + c] = load8(q + (h0 * group + j) * D + c * 8);
       acc[j * V + c] = _mm256_setzero_ps();
     }
-  auto slot_of = [&](int64_t t) { return static_cast<int64_t>(table[t / bs]) * bs + t % bs; };
   std::vector<__m256> parts(static_cast<size_t>(heads * 8));
   std::vector<__m256> top(static_cast<size_t>(heads), _mm256_set1_ps(-INFINITY));
   const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
   for (int64_t t0 = 0; t0 < len; t0 += 8) {
     const int64_t n = std::min<int64_t>(8, len - t0);
     for (int64_t i = 0; i < 8; ++i) {
-      const T* kr = i < n ? k_cache + slot_of(t0 + i) * row : nullptr;
-      for (int64_t j = 0; j < heads; ++j)
-        parts[j * 8 + i] = kr ? dot_parts8<T, D>(qv.data() + j * V, kr + (h0 + j / group) * D)
-                              : _mm256_setzero_ps();
+      const int64_t t = t0 + i;
+      if (t + bs < len) prefetch_row(k_cache + slots[t + bs] * row + h0 * D, span_bytes);
+      for (int64_t h = h0; h < h1; ++h) {
+        __m256 kv[V];
+        for (int64_t c = 0; c < V; ++c)
+          kv[c] = i < n ? load8(k_cache + slots[t] * row + h * D + c * 8) : _mm256_setzero_ps();
+        for (int64_t j = (h - h0) * group; j < (h - h0 + 1) * group; ++j)
+          parts[j * 8 + i] = dot_parts8<D>(qv.data() + j * V, kv);
+      }
     }
     const __m256 valid = first_lanes(n);
     for (int64_t j = 0; j < heads; ++j) {
@@ -372,17 +401,27 @@ void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int3
     }
     inv[j] = 1.f / hsum8(sum);
   }
-  for (int64_t t = 0; t < len; ++t) {
-    const T* vs = v_cache + slot_of(t) * row;
-    for (int64_t h = h0; h < h1; ++h) {
-      __m256 v[V];
-      for (int64_t c = 0; c < V; ++c) v[c] = load8(vs + h * D + c * 8);
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t j = (h - h0) * group + g;
-        const __m256 p = _mm256_set1_ps(scores[j * stride + t]);
-        for (int64_t c = 0; c < V; ++c) acc[j * V + c] = _mm256_fmadd_ps(p, v[c], acc[j * V + c]);
-      }
-    }
+  for (int64_t t0 = 0; t0 < len; t0 += bs) {  // one block: keys [t0, t0 + nt)
+    const int64_t nt = std::min(bs, len - t0);
+    for (int64_t i = t0 + bs; i < std::min(t0 + 2 * bs, len); ++i)
+      prefetch_row(v_cache + slots[i] * row + h0 * D, span_bytes);
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t g0 = 0; g0 < group; g0 += 3)
+        for (int64_t c = 0; c < V; c += 2) {
+          __m256* a[3];
+          const float* p[3];
+          for (int64_t g = 0; g < 3; ++g) {
+            const int64_t j = (h - h0) * group + std::min(g0 + g, group - 1);
+            a[g] = acc.data() + j * V + c;
+            p[g] = scores.data() + j * stride + t0;
+          }
+          const T* v = v_cache + slots[t0] * row + h * D + c * 8;
+          switch (std::min<int64_t>(3, group - g0)) {
+            case 3: value_chunk<T, 3>(a, p, v, row, nt); break;
+            case 2: value_chunk<T, 2>(a, p, v, row, nt); break;
+            default: value_chunk<T, 1>(a, p, v, row, nt); break;
+          }
+        }
   }
   for (int64_t j = 0; j < heads; ++j) {
     T* o = out + (h0 * group + j) * D;
@@ -470,7 +509,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
         continue;
       }
 #elif defined(RC_AVX2)
-      if constexpr (D > 0 && D % 8 == 0) {
+      if constexpr (D > 0 && D % 16 == 0) {
         decode_task_avx2<T, D>(qb, kp, vp, tables + b * width, lens[b], bs, hkv, group, h0,
                                h0 + per_task, sc, ob, scores);
         continue;
@@ -747,8 +786,9 @@ void repack_block(const T* k_cache, const T* v_cache, const int32_t* table, int6
 }
 
 // s[x][0, 16 * nj) = q[x] . k for PR query vectors qr[x] (float32 rows of D)
+// (noinline: compiled on their own, the 12 accumulators keep their registers)
 template <int64_t D>
-inline void score_tile(const float* const* qr, const float* kt, int64_t nj, float (*s)[PB]) {
+__attribute__((noinline)) void score_tile(const float* const* qr, const float* kt, int64_t nj, float (*s)[PB]) {
   for (int64_t jc = 0; jc < nj; ++jc) {
     __m256 a[PR][2];
     for (int64_t x = 0; x < PR; ++x) a[x][0] = a[x][1] = _mm256_setzero_ps();
@@ -770,7 +810,7 @@ inline void score_tile(const float* const* qr, const float* kt, int64_t nj, floa
 
 // acc[x] = acc[x] * corr[x] + sum_j p[x][j] v[j] over keys [0, nk), 16 dims at a time
 template <int64_t D>
-inline void value_tile(float* const* acc, const float* corr, const float* vf, int64_t nk,
+__attribute__((noinline)) void value_tile(float* const* acc, const float* corr, const float* vf, int64_t nk,
                        const float (*p)[PB]) {
   for (int64_t d0 = 0; d0 < D; d0 += 16) {
     __m256 a[PR][2];
