@@ -13,11 +13,11 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -561,6 +561,41 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
   return out;
 }
 
+// A prefill task is one tile of up to `tile` new tokens of a sequence, for one kv head. Its cost
+// grows with the keys its tokens see, so tiles are listed costliest first and handed out one at a
+// time (a static split gives one thread all the late, long tiles of a causal prompt).
+struct PrefillTile {
+  int64_t seq, first;  // sequence, its first new token in the tile
+};
+
+inline std::vector<PrefillTile> prefill_tiles(int64_t n, const int32_t* qlens, const int32_t* lens,
+                                              int64_t tile) {
+  std::vector<PrefillTile> tiles;
+  std::vector<int64_t> keys;
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < qlens[b]; i += tile) {
+      tiles.push_back({b, i});
+      keys.push_back(lens[b] - qlens[b] + std::min<int64_t>(i + tile, qlens[b]));
+    }
+  std::vector<size_t> order(tiles.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return keys[a] > keys[b]; });
+  std::vector<PrefillTile> sorted;
+  for (size_t i : order) sorted.push_back(tiles[i]);
+  return sorted;
+}
+
+// fn(task) for tasks [0, n) on torch's threads, each taking the next task when it is done.
+template <typename F>
+void run_in_order(int64_t n, const F& fn) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t task; (task = next.fetch_add(1)) < n;) fn(task);
+  });
+}
+
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 // Paged prefill attention, bfloat16 with AVX512-BF16 (flash-style, online softmax): the new
 // tokens [q_start, q_start + q_len) of a sequence attend its keys [0, seq_len) causally (token i
@@ -699,26 +734,18 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
              const int32_t* tables, int64_t n, int64_t width, double scale) {
   const int64_t hq = q.size(1), bs = k_cache.size(1), hkv = k_cache.size(2);
   const int64_t group = hq / hkv, q_stride = q.stride(0), o_stride = out.stride(0);
-  std::vector<int64_t> task_seq, task_tok;  // (sequence, first token of the tile)
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t i = 0; i < qlens[b]; i += TILE) {
-      task_seq.push_back(b);
-      task_tok.push_back(i);
-    }
-  const int64_t tiles = static_cast<int64_t>(task_seq.size());
+  const std::vector<PrefillTile> tiles = prefill_tiles(n, qlens, lens, TILE);
   const auto* qp = q.data_ptr<c10::BFloat16>();
   const auto* kp = k_cache.data_ptr<c10::BFloat16>();
   const auto* vp = v_cache.data_ptr<c10::BFloat16>();
   auto* op = out.data_ptr<c10::BFloat16>();
-  at::parallel_for(0, tiles * hkv, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / hkv, kvh = task % hkv, b = task_seq[t], i0 = task_tok[t];
-      const int64_t ntok = std::min(TILE, static_cast<int64_t>(qlens[b]) - i0);
-      const int64_t row0 = starts[b] + i0;
-      prefill_task<D>(qp + row0 * q_stride, q_stride, kp, vp, op + row0 * o_stride, o_stride,
-                      tables + b * width, bs, hkv, group, kvh, lens[b] - qlens[b] + i0, ntok,
-                      static_cast<float>(scale));
-    }
+  run_in_order(static_cast<int64_t>(tiles.size()) * hkv, [&](int64_t task) {
+    const int64_t kvh = task % hkv, b = tiles[task / hkv].seq, i0 = tiles[task / hkv].first;
+    const int64_t ntok = std::min(TILE, static_cast<int64_t>(qlens[b]) - i0);
+    const int64_t row0 = starts[b] + i0;
+    prefill_task<D>(qp + row0 * q_stride, q_stride, kp, vp, op + row0 * o_stride, o_stride,
+                    tables + b * width, bs, hkv, group, kvh, lens[b] - qlens[b] + i0, ntok,
+                    static_cast<float>(scale));
   });
 }
 #endif
@@ -788,7 +815,8 @@ void repack_block(const T* k_cache, const T* v_cache, const int32_t* table, int6
 // s[x][0, 16 * nj) = q[x] . k for PR query vectors qr[x] (float32 rows of D)
 // (noinline: compiled on their own, the 12 accumulators keep their registers)
 template <int64_t D>
-__attribute__((noinline)) void score_tile(const float* const* qr, const float* kt, int64_t nj, float (*s)[PB]) {
+__attribute__((noinline)) void score_tile(const float* const* qr, const float* kt, int64_t nj,
+                                          float (*s)[PB]) {
   for (int64_t jc = 0; jc < nj; ++jc) {
     __m256 a[PR][2];
     for (int64_t x = 0; x < PR; ++x) a[x][0] = a[x][1] = _mm256_setzero_ps();
@@ -810,8 +838,8 @@ __attribute__((noinline)) void score_tile(const float* const* qr, const float* k
 
 // acc[x] = acc[x] * corr[x] + sum_j p[x][j] v[j] over keys [0, nk), 16 dims at a time
 template <int64_t D>
-__attribute__((noinline)) void value_tile(float* const* acc, const float* corr, const float* vf, int64_t nk,
-                       const float (*p)[PB]) {
+__attribute__((noinline)) void value_tile(float* const* acc, const float* corr, const float* vf,
+                                          int64_t nk, const float (*p)[PB]) {
   for (int64_t d0 = 0; d0 < D; d0 += 16) {
     __m256 a[PR][2];
     for (int64_t x = 0; x < PR; ++x) {
@@ -924,27 +952,19 @@ void prefill_avx2(const torch::Tensor& q, const torch::Tensor& k_cache,
                   int64_t width, double scale) {
   const int64_t hq = q.size(1), bs = k_cache.size(1), hkv = k_cache.size(2);
   const int64_t group = hq / hkv, q_stride = q.stride(0), o_stride = out.stride(0);
-  std::vector<int64_t> task_seq, task_tok;  // (sequence, first token of the tile)
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t i = 0; i < qlens[b]; i += PTILE) {
-      task_seq.push_back(b);
-      task_tok.push_back(i);
-    }
-  const int64_t tiles = static_cast<int64_t>(task_seq.size());
+  const std::vector<PrefillTile> tiles = prefill_tiles(n, qlens, lens, PTILE);
   const T* qp = q.data_ptr<T>();
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, tiles * hkv, 1, [&](int64_t begin, int64_t end) {
-    auto ws = std::make_unique<PrefillScratch>();
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / hkv, kvh = task % hkv, b = task_seq[t], i0 = task_tok[t];
-      const int64_t ntok = std::min(PTILE, static_cast<int64_t>(qlens[b]) - i0);
-      const int64_t row0 = starts[b] + i0;
-      prefill_task_avx2<T, D>(qp + row0 * q_stride, q_stride, kp, vp, op + row0 * o_stride,
-                              o_stride, tables + b * width, bs, hkv, group, kvh,
-                              lens[b] - qlens[b] + i0, ntok, static_cast<float>(scale), *ws);
-    }
+  run_in_order(static_cast<int64_t>(tiles.size()) * hkv, [&](int64_t task) {
+    thread_local PrefillScratch ws;
+    const int64_t kvh = task % hkv, b = tiles[task / hkv].seq, i0 = tiles[task / hkv].first;
+    const int64_t ntok = std::min(PTILE, static_cast<int64_t>(qlens[b]) - i0);
+    const int64_t row0 = starts[b] + i0;
+    prefill_task_avx2<T, D>(qp + row0 * q_stride, q_stride, kp, vp, op + row0 * o_stride,
+                            o_stride, tables + b * width, bs, hkv, group, kvh,
+                            lens[b] - qlens[b] + i0, ntok, static_cast<float>(scale), ws);
   });
 }
 #endif
