@@ -1,6 +1,7 @@
-"""Attention over the paged KV cache: metadata, a torch backend (CPU; native decode kernel when
-it builds) and triton kernels (CUDA). The backend is chosen once, by make_attention_backend, and
-owns its per-step plan: plan(meta) once per forward, then forward(..., plan, scale) per layer."""
+"""Attention over the paged KV cache: metadata, a torch backend (CPU; native decode and prefill
+kernels when they build) and triton kernels (CUDA). The backend is chosen once, by
+make_attention_backend, and owns its per-step plan: plan(meta) once per forward, then
+forward(..., plan, scale) per layer."""
 
 from __future__ import annotations
 
