@@ -984,6 +984,7 @@ void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
                   out.stride(1) == out.size(2) && out.sizes() == q.sizes(),
               "paged_prefill: q and out must be [T, Hq, D] with each token's heads contiguous");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0 && q.size(2) == k_cache.size(3), "bad head shapes");
   for (const auto* t : {&q_starts, &q_lens, &seq_lens, &block_tables})
     TORCH_CHECK(t->scalar_type() == torch::kInt32, "paged_prefill: int32 metadata only");
   auto starts = q_starts.contiguous(), qlens = q_lens.contiguous(), lens = seq_lens.contiguous();
