@@ -519,8 +519,9 @@ if __name__ == "__main__":
     parser.add_argument(
         "--attention",
         default="auto",
-        choices=["auto", "native", "torch"],
-        help="CPU attention: native decode kernel, pure torch, or native when it builds",
+        choices=["auto", "native", "native-decode", "torch"],
+        help="CPU attention: the default choice (auto), native prefill + decode kernels, "
+        "native decode with torch prefill, or pure torch",
     )
     parser.add_argument(
         "--cached-ttft",

@@ -8,6 +8,12 @@ of 16 sequences with 1,100 tokens of context each (private blocks; and sharing a
     python -m benchmarks.bench_model [--reps 5] [--dtypes float32,bfloat16] [--threads 2]
 
 It also measures this CPU's bf16 matmul peak and memory bandwidth (measure_peaks).
+
+    python -m benchmarks.bench_model --attention [--reps 7]
+
+compares one layer's attention (the model's head shapes: 9 query heads over 3 kv heads of 64,
+blocks of 16 at scattered ids) through the native kernels and the pure-torch path, alternating
+the two within each shape; the ratio is torch / native (above 1: native is faster).
 """
 
 from __future__ import annotations
@@ -20,7 +26,12 @@ import time
 import torch
 
 from benchmarks.results_io import write_results
-from engine.attention import build_attention_metadata, compute_positions
+from engine.attention import (
+    TorchAttention,
+    build_attention_metadata,
+    compute_positions,
+    load_native,
+)
 from engine.dtypes import torch_dtype
 from engine.loader import ensure_default_model, load_model
 
@@ -100,15 +111,89 @@ def measure_peaks(reps: int = 5) -> dict[str, float]:
     }
 
 
+ATTENTION_SHAPES = [  # (kind, sequences, new tokens each, cached tokens each)
+    *[("decode", b, 1, ctx - 1) for b in (1, 4, 16) for ctx in (512, 1024, 2048)],
+    *[("prefill", 1, n, 0) for n in (64, 256, 1024, 2048)],
+    *[("prefill", 1, n, 1024) for n in (64, 256, 1024)],
+    ("prefill", 4, 64, 1024),
+]
+
+
+def attention_case(sequences: int, new: int, cached: int, dtype: torch.dtype):
+    """(q, k, v, k_cache, v_cache, metadata) of one layer's step; every block id is scattered."""
+    gen = torch.Generator().manual_seed(0)
+    per_seq = -(-(new + cached) // BLOCK)
+    ids = torch.randperm(sequences * per_seq + 8, generator=gen).tolist()
+    tables = [ids[i * per_seq : (i + 1) * per_seq] for i in range(sequences)]
+    k_cache, v_cache = (
+        torch.randn(len(ids), BLOCK, 3, 64, generator=gen).to(dtype) for _ in range(2)
+    )
+    t = sequences * new
+    q, k, v = (torch.randn(t, h, 64, generator=gen).to(dtype) for h in (9, 3, 3))
+    meta = build_attention_metadata([new] * sequences, [new + cached] * sequences, tables, BLOCK)
+    return q, k, v, k_cache, v_cache, meta
+
+
+def attention_rows(dtypes: list[str], reps: int) -> list[dict]:
+    """Median ms of one layer's attention forward, torch path vs native kernels, per shape."""
+    native = load_native()
+    if native is None:
+        raise SystemExit("the native kernels do not build here")
+    rows = []
+    for dtype_name in dtypes:
+        dtype = torch_dtype(dtype_name)
+        backends = {
+            "torch": TorchAttention(),
+            "native": TorchAttention(native, native_prefill=native.has_native_prefill(dtype)),
+        }
+        for kind, b, new, cached in ATTENTION_SHAPES:
+            q, k, v, k_cache, v_cache, meta = attention_case(b, new, cached, dtype)
+            plans = {name: be.plan(meta) for name, be in backends.items()}
+            times = {name: [] for name in backends}
+            for _ in range(reps + 1):  # alternating, the first round discarded (warm-up)
+                for name, be in backends.items():
+                    start = time.perf_counter()
+                    be.forward(q, k, v, k_cache, v_cache, plans[name], 0.125)
+                    times[name].append(time.perf_counter() - start)
+            torch_ms, native_ms = (statistics.median(times[n][1:]) * 1e3 for n in backends)
+            rows.append(
+                {
+                    "kind": kind,
+                    "dtype": dtype_name,
+                    "shape": f"{b}x{new}+{cached}" if kind == "prefill" else f"{b}x{cached + 1}",
+                    "torch_ms": round(torch_ms, 3),
+                    "native_ms": round(native_ms, 3),
+                    "ratio": round(torch_ms / native_ms, 2),
+                }
+            )
+            r = rows[-1]
+            print(
+                f"{r['kind']:<8} {r['dtype']:<9} {r['shape']:<12} {r['torch_ms']:>9.3f} "
+                f"{r['native_ms']:>9.3f} {r['ratio']:>6.2f}",
+                flush=True,
+            )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--attention", action="store_true", help="attention kernels only")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.attention:
+        native = load_native()
+        print(f"threads={torch.get_num_threads()} native vector code: {native.vector_isa()}")
+        print(
+            f"{'kind':<8} {'dtype':<9} {'shape':<12} {'torch ms':>9} {'native ms':>9} {'ratio':>6}"
+        )
+        rows = attention_rows(args.dtypes.split(","), args.reps)
+        print(f"wrote {write_results('bench_attention', rows, isa=native.vector_isa())}")
+        return
     torch.manual_seed(0)
     path = ensure_default_model()
     rows = []

@@ -1,6 +1,7 @@
-"""Attention over the paged KV cache: metadata, a torch backend (CPU; native decode kernel when
-it builds) and triton kernels (CUDA). The backend is chosen once, by make_attention_backend, and
-owns its per-step plan: plan(meta) once per forward, then forward(..., plan, scale) per layer."""
+"""Attention over the paged KV cache: metadata, a torch backend (CPU; native decode and prefill
+kernels when they build) and triton kernels (CUDA). The backend is chosen once, by
+make_attention_backend, and owns its per-step plan: plan(meta) once per forward, then
+forward(..., plan, scale) per layer."""
 
 from __future__ import annotations
 
@@ -41,9 +42,10 @@ def make_attention_backend(
     head_dim: int | None = None,
 ) -> AttentionBackend:
     """Triton kernels on CUDA; on CPU the torch backend, with the native kernels when native is
-    True (required) or None (when they build here); native=False: pure torch. The native prefill
-    kernel computes in bfloat16: it serves bfloat16 models (dtype) of a supported head_dim on
-    CPUs with AVX512-BF16; float32 keeps the torch prefill path (exact parity tests)."""
+    True (required) or None (when they build here); native=False: pure torch. Decode tokens go
+    to the native kernel; so do prefill chunks of a model in dtype with a supported head_dim where
+    this CPU has a prefill kernel for that dtype (has_native_prefill: bfloat16 with AVX512-BF16
+    or AVX2, float32 with AVX2)."""
     if torch.device(device).type == "cuda":
         from engine.attention.triton_backend import TritonAttention
 
@@ -53,9 +55,9 @@ def make_attention_backend(
         raise RuntimeError("the native attention kernel could not be built on this machine")
     prefill = (
         module is not None
-        and dtype == torch.bfloat16
+        and dtype is not None
         and head_dim in module.PREFILL_HEAD_DIMS
-        and module.has_bf16_prefill()
+        and module.has_native_prefill(dtype)
     )
     return TorchAttention(module, native_prefill=prefill)
 

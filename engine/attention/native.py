@@ -13,7 +13,10 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
-CFLAGS = ["-O3", "-march=native", "-fopenmp-simd"]
+# -fopenmp: at::parallel_for is OpenMP inline code, serial without it; libgomp.so.1 is the copy
+# torch already loaded (same soname), so the kernels share torch's thread pool and thread count
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
 
 
 @functools.cache
@@ -26,6 +29,7 @@ def load_native() -> NativeKernels | None:
             name="radixcache_attention",
             sources=[str(SOURCE)],
             extra_cflags=CFLAGS,
+            extra_ldflags=LDFLAGS,
             is_python_module=False,
         )
     except Exception as exc:  # no compiler, no ninja, a build error: the torch path still works
@@ -37,16 +41,23 @@ def load_native() -> NativeKernels | None:
 class NativeKernels:
     """The ops the extension registers (torch.ops.radixcache.*)."""
 
-    PREFILL_HEAD_DIMS = (32, 64, 128)
+    PREFILL_HEAD_DIMS = (16, 32, 64, 128)
 
     @staticmethod
-    def has_bf16_prefill() -> bool:
-        """paged_prefill exists only where the CPU has AVX512-BF16 (it computes in bf16 pairs)."""
-        return bool(torch.ops.radixcache.has_bf16_prefill())
+    def has_native_prefill(dtype: torch.dtype) -> bool:
+        """Whether paged_prefill serves dtype (head dims PREFILL_HEAD_DIMS) on this CPU: bfloat16
+        with AVX512-BF16 (bf16 pairs; head dim 16 on the 8-wide kernel) or AVX2 + FMA (widened
+        to float32); float32 with AVX2 + FMA."""
+        return bool(torch.ops.radixcache.has_native_prefill(dtype))
+
+    @staticmethod
+    def vector_isa() -> str:
+        """The vector code compiled for this CPU: avx512bf16, avx512, avx2 or scalar."""
+        return str(torch.ops.radixcache.vector_isa())
 
     @staticmethod
     def paged_prefill(
-        q: torch.Tensor,  # [T, Hq, D] bfloat16 (each token's heads contiguous)
+        q: torch.Tensor,  # [T, Hq, D] (each token's heads contiguous)
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         out: torch.Tensor,  # [T, Hq, D]: rows of the listed sequences are written

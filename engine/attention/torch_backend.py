@@ -4,8 +4,9 @@ Per layer: write the new K/V by slot; a shared prefix of a group of sequences is
 with all the group's queries stacked; then each sequence's remaining keys (prefill: one call per
 sequence; decode: one call for all) and the two parts are merged by log-sum-exp.
 GQA is folded into the query dims ([.., Hkv, G, L, D]) so K/V are never repeated per head.
-With the native kernel (engine/attention/native.py) decode tokens are attended by it instead,
-reading each sequence's keys in place.
+With the native kernels (engine/attention/native.py) decode tokens, and prefill chunks where
+the CPU has a prefill kernel for the dtype, are attended by them instead, reading each
+sequence's keys in place.
 """
 
 from __future__ import annotations
@@ -77,8 +78,7 @@ def merge(o1, lse1, o2, lse2) -> torch.Tensor:
 
 class TorchAttention:
     """native: the compiled kernels (load_native()), or None for the pure-torch path.
-    native_prefill: prefill chunks go to the native kernel too (bfloat16 models on CPUs with
-    AVX512-BF16; see make_attention_backend)."""
+    native_prefill: prefill chunks go to the native kernel too (see make_attention_backend)."""
 
     def __init__(self, native: NativeKernels | None = None, native_prefill: bool = False) -> None:
         if native_prefill and native is None:

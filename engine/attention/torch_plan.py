@@ -105,7 +105,7 @@ class NativeDecode:
 
 @dataclass
 class NativePrefill:
-    """Every sequence with more than one new token, for the native bf16 kernel: each attends all
+    """Every sequence with more than one new token, for the native prefill kernel: each attends all
     its keys (cached and new, causal) in place through its block table."""
 
     q_starts: torch.Tensor  # int32 [N]
@@ -233,7 +233,7 @@ def build_torch_plan(
 ) -> TorchPlan:
     """native_decode: decode tokens go to the native kernel (all their keys, in place) and take
     no part in shared-prefix groups; otherwise they are batched, gathered and masked in torch.
-    native_prefill: so do the sequences with more than one new token (the bf16 kernel)."""
+    native_prefill: so do the sequences with more than one new token (the prefill kernel)."""
     query_lens, seq_lens, bs = meta.query_lens, meta.seq_lens_list, meta.block_size
     tables, device = meta.block_tables_list, meta.slot_mapping.device
     plan = TorchPlan(meta.slot_mapping)

@@ -100,16 +100,26 @@ def test_chunked_prefill_and_decode_logits_match(pair):
     assert_close(run_steps(ours, steps), hf_logits(hf, ids))
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native-decode", "torch"])
-def test_both_cpu_attention_paths_match_transformers(pair, native):
-    """The native decode kernel and the pure-torch path (its fallback) over the same steps."""
+PATHS = {  # make_attention_backend arguments (beyond the device) of each CPU attention path
+    "native": dict(native=True, dtype=torch.float32),
+    "native-decode": dict(native=True),
+    "torch": dict(native=False),
+}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_every_cpu_attention_path_matches_transformers(pair, path):
+    """The native prefill and decode kernels, the native decode kernel with torch prefill, and
+    the pure-torch path (their fallback) over the same steps, in float32."""
     hf, ours = pair
     ids = torch.randint(0, 160, (26,), generator=torch.Generator().manual_seed(4)).tolist()
     default = ours.attention
-    ours.attention = make_attention_backend("cpu", native=native)
+    ours.attention = make_attention_backend("cpu", head_dim=ours.config.head_dim, **PATHS[path])
     try:
-        assert (ours.attention.native is not None) == native
-        assert_close(run_steps(ours, [ids[:13], *[[t] for t in ids[13:]]]), hf_logits(hf, ids))
+        assert (ours.attention.native is not None) == (path != "torch")
+        assert ours.attention.native_prefill == (path == "native")
+        steps = [ids[:13], ids[13:17], *[[t] for t in ids[17:]]]
+        assert_close(run_steps(ours, steps), hf_logits(hf, ids))
     finally:
         ours.attention = default
 
@@ -207,7 +217,7 @@ def test_rope_inv_freq_matches_transformers(rope):
 
 def test_native_bfloat16_prefill_and_decode_track_the_float32_reference(tmp_path):
     """bf16 serving path (native prefill + decode kernels) against transformers in float32."""
-    cls, extra = CONFIGS["qwen3"]  # head_dim 32: the native prefill kernel serves it
+    cls, extra = CONFIGS["qwen3"]
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(cls(**TINY, **extra), dtype=torch.float32)
     randomize(hf)
@@ -215,14 +225,24 @@ def test_native_bfloat16_prefill_and_decode_track_the_float32_reference(tmp_path
     ours = load_model(tmp_path, torch.bfloat16, "cpu")
     assert ours.attention.native_prefill and ours.attention.native is not None
     ids = torch.randint(0, 160, (40,), generator=torch.Generator().manual_seed(5)).tolist()
-    logits = run_steps(ours, [ids[:17], ids[17:30], *[[t] for t in ids[30:]]]).float()
+    steps = [ids[:17], ids[17:30], *[[t] for t in ids[30:]]]
+    logits = run_steps(ours, steps).float()
     ref = hf_logits(hf.eval(), ids)
     scale = ref.abs().max().item()
     torch.testing.assert_close(logits, ref, rtol=0.0, atol=0.08 * scale)
     # the same steps through the pure-torch path agree as closely
     ours.attention = make_attention_backend("cpu", native=False)
-    torch_logits = run_steps(ours, [ids[:17], ids[17:30], *[[t] for t in ids[30:]]]).float()
+    torch_logits = run_steps(ours, steps).float()
     torch.testing.assert_close(logits, torch_logits, rtol=0.0, atol=0.08 * scale)
+
+
+def test_default_backend_uses_the_native_kernels_in_both_dtypes(pair):
+    """load_model picks the native prefill and decode kernels for float32 and bfloat16 models
+    on this CPU (has_native_prefill), so the parity tests above run them."""
+    _, ours = pair
+    assert ours.attention.native is not None and ours.attention.native_prefill
+    bf16 = make_attention_backend("cpu", dtype=torch.bfloat16, head_dim=ours.config.head_dim)
+    assert bf16.native is not None and bf16.native_prefill
 
 
 def test_packed_matmuls_see_few_row_counts_and_keep_every_row():

@@ -1,23 +1,34 @@
-// Paged decode attention on CPU: one new token per sequence attends its whole context, read in
-// place through its block table (no gather, no mask). Reference: engine/attention/torch_backend.py.
+// Paged attention on CPU, read in place through block tables (no gather, no mask); reference:
+// engine/attention/torch_backend.py. paged_decode: one new token per sequence attends its whole
+// context; paged_prefill: each sequence's new tokens attend their keys causally.
 //
 // q [N, Hq, D], caches [num_blocks, block_size, Hkv, D], block_tables int32 [N, W],
 // seq_lens int32 [N] -> out [N, Hq, D]. One task per (sequence, kv head): its G = Hq / Hkv query
 // heads share every key and value row it loads. Scores and sums are float32.
+//
+// The vector code is chosen at compile time (-march=native): AVX-512 (+ AVX512-BF16 for the
+// bfloat16 prefill kernel), else AVX2 + FMA + F16C (8-wide, float32 math), else scalar decode.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+
+// The 8-wide path: AVX2 + FMA (+ F16C for float16), for CPUs without AVX-512.
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define RC_AVX2 1
 #endif
 
 namespace {
@@ -69,6 +80,13 @@ inline void softmax_rows(float* scores, int64_t group, int64_t len) {
     for (int64_t t = 0; t < len; ++t) s[t] *= inv;
   }
 }
+
+#if defined(__AVX512F__) || defined(RC_AVX2)
+inline void prefetch_row(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+}
+#endif
 
 #ifdef __AVX512F__
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -137,11 +155,6 @@ inline __m512 dot_parts(const __m512* qv, const T* qraw, const T* kr) {
   __m512 a = _mm512_mul_ps(qv[0], load16(kr));
   for (int64_t c = 1; c < D / 16; ++c) a = _mm512_fmadd_ps(qv[c], load16(kr + c * 16), a);
   return a;
-}
-
-inline void prefetch_row(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
 }
 
 // One sequence, kv heads [h0, h1), with 16-float vectors: each slot's rows of those heads are
@@ -236,6 +249,188 @@ void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const in
 }
 #endif
 
+#ifdef RC_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
+}
+inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <typename T>
+inline void store8(T* p, __m256 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    _mm256_storeu_ps(p, v);
+  } else {  // round to nearest even, as torch does
+    alignas(32) float tmp[8];
+    _mm256_store_ps(tmp, v);
+    for (int i = 0; i < 8; ++i) p[i] = static_cast<T>(tmp[i]);
+  }
+}
+
+inline float hmax8(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+
+inline float hsum8(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+// lanes [0, n) set: a blend mask for the first n of 8 values
+inline __m256 first_lanes(int64_t n) {
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), iota));
+}
+
+// exp(x) for x <= 0, as exp16: 2^n * p(r) with 2^n built in the exponent bits (n >= -126).
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// 8 vectors -> one vector whose lane i is the sum of v[i]'s 8 lanes.
+inline __m256 reduce8(const __m256* v) {
+  const __m256 a0 = _mm256_hadd_ps(v[0], v[1]), a1 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 a2 = _mm256_hadd_ps(v[4], v[5]), a3 = _mm256_hadd_ps(v[6], v[7]);
+  // per 128-bit half: the half-sums of v0..v3 (b0) and v4..v7 (b1)
+  const __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+
+// q . k as 8 partial sums (reduced later): qv and kv hold the rows as float vectors.
+template <int64_t D>
+inline __m256 dot_parts8(const __m256* qv, const __m256* kv) {
+  __m256 a = _mm256_mul_ps(qv[0], kv[0]);
+  for (int64_t c = 1; c < D / 8; ++c) a = _mm256_fmadd_ps(qv[c], kv[c], a);
+  return a;
+}
+
+// acc[g][0, 2) += sum_i p[g][i] v_i[0, 2) over the keys i < nt of one block (rows `row` apart):
+// NG query heads x 16 dims of one kv head, the accumulators in registers.
+template <typename T, int64_t NG>
+inline void value_chunk(__m256* const* acc, const float* const* p, const T* v, int64_t row,
+                        int64_t nt) {
+  __m256 a[NG][2];
+  for (int64_t g = 0; g < NG; ++g) a[g][0] = acc[g][0], a[g][1] = acc[g][1];
+  for (int64_t i = 0; i < nt; ++i) {
+    const __m256 x0 = load8(v + i * row), x1 = load8(v + i * row + 8);
+    for (int64_t g = 0; g < NG; ++g) {
+      const __m256 b = _mm256_broadcast_ss(p[g] + i);
+      a[g][0] = _mm256_fmadd_ps(b, x0, a[g][0]);
+      a[g][1] = _mm256_fmadd_ps(b, x1, a[g][1]);
+    }
+  }
+  for (int64_t g = 0; g < NG; ++g) acc[g][0] = a[g][0], acc[g][1] = a[g][1];
+}
+
+// decode_task_avx512 with 8-float vectors: chunks of 8 keys, one transposing reduction per
+// chunk and query head gives its 8 scores as one vector; values are summed one block at a time,
+// up to 3 query heads x 16 dims in registers. The block ahead is prefetched.
+template <typename T, int64_t D>
+void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
+                      int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t h0, int64_t h1,
+                      float scale, T* out, std::vector<float>& scores) {
+  constexpr int64_t V = D / 8;  // vectors per row
+  const int64_t row = hkv * D;
+  const int64_t heads = (h1 - h0) * group;  // query heads of this task
+  const int64_t stride = (len + 7) / 8 * 8;  // a score row, padded to whole vectors
+  const int64_t span_bytes = (h1 - h0) * D * static_cast<int64_t>(sizeof(T));
+  scores.resize(static_cast<size_t>(heads * stride));
+  std::vector<int64_t> slots(static_cast<size_t>(len));  // key t's slot (no division per key)
+  for (int64_t t = 0, blk = 0; t < len; ++blk)
+    for (int64_t o = 0; o < bs && t < len; ++o, ++t) slots[t] = table[blk] * bs + o;
+  std::vector<__m256> qv(static_cast<size_t>(heads * V)), acc(static_cast<size_t>(heads * V));
+  for (int64_t j = 0; j < heads; ++j)
+    for (int64_t c = 0; c < V; ++c) {
+      qv[j * V + c] = load8(q + (h0 * group + j) * D + c * 8);
+      acc[j * V + c] = _mm256_setzero_ps();
+    }
+  std::vector<__m256> parts(static_cast<size_t>(heads * 8));
+  std::vector<__m256> top(static_cast<size_t>(heads), _mm256_set1_ps(-INFINITY));
+  const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
+  for (int64_t t0 = 0; t0 < len; t0 += 8) {
+    const int64_t n = std::min<int64_t>(8, len - t0);
+    for (int64_t i = 0; i < 8; ++i) {
+      const int64_t t = t0 + i;
+      if (t + bs < len) prefetch_row(k_cache + slots[t + bs] * row + h0 * D, span_bytes);
+      for (int64_t h = h0; h < h1; ++h) {
+        __m256 kv[V];
+        for (int64_t c = 0; c < V; ++c)
+          kv[c] = i < n ? load8(k_cache + slots[t] * row + h * D + c * 8) : _mm256_setzero_ps();
+        for (int64_t j = (h - h0) * group; j < (h - h0 + 1) * group; ++j)
+          parts[j * 8 + i] = dot_parts8<D>(qv.data() + j * V, kv);
+      }
+    }
+    const __m256 valid = first_lanes(n);
+    for (int64_t j = 0; j < heads; ++j) {
+      const __m256 sc = _mm256_blendv_ps(
+          neg_inf, _mm256_mul_ps(reduce8(parts.data() + j * 8), vscale), valid);
+      _mm256_storeu_ps(scores.data() + j * stride + t0, sc);
+      top[j] = _mm256_max_ps(top[j], sc);
+    }
+  }
+  std::vector<float> inv(static_cast<size_t>(heads));
+  for (int64_t j = 0; j < heads; ++j) {
+    float* sg = scores.data() + j * stride;
+    const __m256 m = _mm256_set1_ps(hmax8(top[j]));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t t = 0; t < stride; t += 8) {
+      __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), m));
+      if (t + 8 > len) e = _mm256_and_ps(e, first_lanes(len - t));
+      _mm256_storeu_ps(sg + t, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    inv[j] = 1.f / hsum8(sum);
+  }
+  for (int64_t t0 = 0; t0 < len; t0 += bs) {  // one block: keys [t0, t0 + nt)
+    const int64_t nt = std::min(bs, len - t0);
+    for (int64_t i = t0 + bs; i < std::min(t0 + 2 * bs, len); ++i)
+      prefetch_row(v_cache + slots[i] * row + h0 * D, span_bytes);
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t g0 = 0; g0 < group; g0 += 3)
+        for (int64_t c = 0; c < V; c += 2) {
+          __m256* a[3];
+          const float* p[3];
+          for (int64_t g = 0; g < 3; ++g) {
+            const int64_t j = (h - h0) * group + std::min(g0 + g, group - 1);
+            a[g] = acc.data() + j * V + c;
+            p[g] = scores.data() + j * stride + t0;
+          }
+          const T* v = v_cache + slots[t0] * row + h * D + c * 8;
+          switch (std::min<int64_t>(3, group - g0)) {
+            case 3: value_chunk<T, 3>(a, p, v, row, nt); break;
+            case 2: value_chunk<T, 2>(a, p, v, row, nt); break;
+            default: value_chunk<T, 1>(a, p, v, row, nt); break;
+          }
+        }
+  }
+  for (int64_t j = 0; j < heads; ++j) {
+    T* o = out + (h0 * group + j) * D;
+    const __m256 s = _mm256_set1_ps(inv[j]);
+    for (int64_t c = 0; c < V; ++c) store8(o + c * 8, _mm256_mul_ps(acc[j * V + c], s));
+  }
+}
+#endif
+
 // One (sequence, kv head): q / out are the sequence's [Hq, D] rows; the task's query heads are
 // kvh * group .. (kvh + 1) * group. scores is scratch of group * len floats.
 template <typename T>
@@ -313,6 +508,12 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
                                  h0 + per_task, sc, ob, scores);
         continue;
       }
+#elif defined(RC_AVX2)
+      if constexpr (D > 0 && D % 16 == 0) {
+        decode_task_avx2<T, D>(qb, kp, vp, tables + b * width, lens[b], bs, hkv, group, h0,
+                               h0 + per_task, sc, ob, scores);
+        continue;
+      }
 #endif
       for (int64_t kvh = h0; kvh < h0 + per_task; ++kvh)
         decode_task<T>(qb, kp, vp, tables + b * width, lens[b], bs, hkv, group, d, kvh, sc, ob,
@@ -358,6 +559,41 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
     default: dispatch_dtype<0>(qc, k_cache, v_cache, tables, lens, scale, out); break;
   }
   return out;
+}
+
+// A prefill task is one tile of up to `tile` new tokens of a sequence, for one kv head. Its cost
+// grows with the keys its tokens see, so tiles are listed costliest first and handed out one at a
+// time (a static split gives one thread all the late, long tiles of a causal prompt).
+struct PrefillTile {
+  int64_t seq, first;  // sequence, its first new token in the tile
+};
+
+inline std::vector<PrefillTile> prefill_tiles(int64_t n, const int32_t* qlens, const int32_t* lens,
+                                              int64_t tile) {
+  std::vector<PrefillTile> tiles;
+  std::vector<int64_t> keys;
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < qlens[b]; i += tile) {
+      tiles.push_back({b, i});
+      keys.push_back(lens[b] - qlens[b] + std::min<int64_t>(i + tile, qlens[b]));
+    }
+  std::vector<size_t> order(tiles.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return keys[a] > keys[b]; });
+  std::vector<PrefillTile> sorted;
+  for (size_t i : order) sorted.push_back(tiles[i]);
+  return sorted;
+}
+
+// fn(task) for tasks [0, n) on torch's threads, each taking the next task when it is done.
+template <typename F>
+void run_in_order(int64_t n, const F& fn) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t task; (task = next.fetch_add(1)) < n;) fn(task);
+  });
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -498,44 +734,259 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
              const int32_t* tables, int64_t n, int64_t width, double scale) {
   const int64_t hq = q.size(1), bs = k_cache.size(1), hkv = k_cache.size(2);
   const int64_t group = hq / hkv, q_stride = q.stride(0), o_stride = out.stride(0);
-  std::vector<int64_t> task_seq, task_tok;  // (sequence, first token of the tile)
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t i = 0; i < qlens[b]; i += TILE) {
-      task_seq.push_back(b);
-      task_tok.push_back(i);
-    }
-  const int64_t tiles = static_cast<int64_t>(task_seq.size());
+  const std::vector<PrefillTile> tiles = prefill_tiles(n, qlens, lens, TILE);
   const auto* qp = q.data_ptr<c10::BFloat16>();
   const auto* kp = k_cache.data_ptr<c10::BFloat16>();
   const auto* vp = v_cache.data_ptr<c10::BFloat16>();
   auto* op = out.data_ptr<c10::BFloat16>();
-  at::parallel_for(0, tiles * hkv, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / hkv, kvh = task % hkv, b = task_seq[t], i0 = task_tok[t];
-      const int64_t ntok = std::min(TILE, static_cast<int64_t>(qlens[b]) - i0);
-      const int64_t row0 = starts[b] + i0;
-      prefill_task<D>(qp + row0 * q_stride, q_stride, kp, vp, op + row0 * o_stride, o_stride,
-                      tables + b * width, bs, hkv, group, kvh, lens[b] - qlens[b] + i0, ntok,
-                      static_cast<float>(scale));
-    }
+  run_in_order(static_cast<int64_t>(tiles.size()) * hkv, [&](int64_t task) {
+    const int64_t kvh = task % hkv, b = tiles[task / hkv].seq, i0 = tiles[task / hkv].first;
+    const int64_t ntok = std::min(TILE, static_cast<int64_t>(qlens[b]) - i0);
+    const int64_t row0 = starts[b] + i0;
+    prefill_task<D>(qp + row0 * q_stride, q_stride, kp, vp, op + row0 * o_stride, o_stride,
+                    tables + b * width, bs, hkv, group, kvh, lens[b] - qlens[b] + i0, ntok,
+                    static_cast<float>(scale));
   });
 }
 #endif
 
-// q / out [T, Hq, D] bfloat16 (rows contiguous); q_starts / q_lens / seq_lens int32 [N];
-// block_tables int32 [N, W]. Writes the attention of each sequence's new tokens into out.
+#ifdef RC_AVX2
+// Paged prefill attention with 8-float vectors, float32 math (float32 caches, or bfloat16 ones
+// widened on load): the same tasks and causal layout as the AVX512-BF16 kernel above. Keys come
+// in blocks of PB at absolute positions 0, PB, 2 PB, ... in order, so a token's result does not
+// depend on how its prompt was chunked. Each block is repacked once per task: keys transposed
+// (kt [D][PB]: 16 keys' scores of one query vector are two vectors) and values widened (vf
+// [PB][D]); micro tiles of PR query vectors x 16 keys (scores) or x 16 dims (values) keep their
+// 12 accumulators in registers.
+constexpr int64_t PTILE = 32;  // query tokens per task
+constexpr int64_t PB = 64;     // keys per block: one online-softmax update per row per block
+constexpr int64_t PR = 6;      // query vectors per micro tile
+
+struct PrefillScratch {
+  std::vector<float> qf, acc, mx, l;  // per query vector (acc: PR spare rows for padding)
+  alignas(32) float kt[128 * PB];
+  alignas(32) float vf[PB * 128];
+  alignas(32) float s[PR][PB];  // scores, then probabilities
+};
+
+inline void transpose8(__m256* r) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// keys [k0, k0 + n) of one kv head -> kt (transposed) and vf, float32; rows past n are zeros
+template <typename T, int64_t D>
+void repack_block(const T* k_cache, const T* v_cache, const int32_t* table, int64_t bs,
+                  int64_t row, int64_t kvh, int64_t k0, int64_t n, PrefillScratch& ws) {
+  const T* kr[PB];
+  const T* vr[PB];
+  for (int64_t j = 0; j < PB; ++j) {
+    const int64_t off = j < n ? (table[(k0 + j) / bs] * bs + (k0 + j) % bs) * row + kvh * D : 0;
+    kr[j] = j < n ? k_cache + off : nullptr;
+    vr[j] = j < n ? v_cache + off : nullptr;
+  }
+  for (int64_t j0 = 0; j0 < PB; j0 += 8)
+    for (int64_t d0 = 0; d0 < D; d0 += 8) {
+      __m256 x[8];
+      for (int64_t i = 0; i < 8; ++i)
+        x[i] = kr[j0 + i] ? load8(kr[j0 + i] + d0) : _mm256_setzero_ps();
+      transpose8(x);
+      for (int64_t i = 0; i < 8; ++i) _mm256_store_ps(ws.kt + (d0 + i) * PB + j0, x[i]);
+    }
+  for (int64_t j = 0; j < PB; ++j)
+    for (int64_t d0 = 0; d0 < D; d0 += 8)
+      _mm256_store_ps(ws.vf + j * D + d0, vr[j] ? load8(vr[j] + d0) : _mm256_setzero_ps());
+}
+
+// s[x][0, 16 * nj) = q[x] . k for PR query vectors qr[x] (float32 rows of D)
+// (noinline: compiled on their own, the 12 accumulators keep their registers)
+template <int64_t D>
+__attribute__((noinline)) void score_tile(const float* const* qr, const float* kt, int64_t nj,
+                                          float (*s)[PB]) {
+  for (int64_t jc = 0; jc < nj; ++jc) {
+    __m256 a[PR][2];
+    for (int64_t x = 0; x < PR; ++x) a[x][0] = a[x][1] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+      const __m256 k0 = _mm256_load_ps(kt + d * PB + jc * 16);
+      const __m256 k1 = _mm256_load_ps(kt + d * PB + jc * 16 + 8);
+      for (int64_t x = 0; x < PR; ++x) {
+        const __m256 b = _mm256_broadcast_ss(qr[x] + d);
+        a[x][0] = _mm256_fmadd_ps(b, k0, a[x][0]);
+        a[x][1] = _mm256_fmadd_ps(b, k1, a[x][1]);
+      }
+    }
+    for (int64_t x = 0; x < PR; ++x) {
+      _mm256_store_ps(s[x] + jc * 16, a[x][0]);
+      _mm256_store_ps(s[x] + jc * 16 + 8, a[x][1]);
+    }
+  }
+}
+
+// acc[x] = acc[x] * corr[x] + sum_j p[x][j] v[j] over keys [0, nk), 16 dims at a time
+template <int64_t D>
+__attribute__((noinline)) void value_tile(float* const* acc, const float* corr, const float* vf,
+                                          int64_t nk, const float (*p)[PB]) {
+  for (int64_t d0 = 0; d0 < D; d0 += 16) {
+    __m256 a[PR][2];
+    for (int64_t x = 0; x < PR; ++x) {
+      const __m256 c = _mm256_set1_ps(corr[x]);
+      a[x][0] = _mm256_mul_ps(_mm256_loadu_ps(acc[x] + d0), c);
+      a[x][1] = _mm256_mul_ps(_mm256_loadu_ps(acc[x] + d0 + 8), c);
+    }
+    for (int64_t j = 0; j < nk; ++j) {
+      const __m256 v0 = _mm256_load_ps(vf + j * D + d0);
+      const __m256 v1 = _mm256_load_ps(vf + j * D + d0 + 8);
+      for (int64_t x = 0; x < PR; ++x) {
+        const __m256 b = _mm256_broadcast_ss(p[x] + j);
+        a[x][0] = _mm256_fmadd_ps(b, v0, a[x][0]);
+        a[x][1] = _mm256_fmadd_ps(b, v1, a[x][1]);
+      }
+    }
+    for (int64_t x = 0; x < PR; ++x) {
+      _mm256_storeu_ps(acc[x] + d0, a[x][0]);
+      _mm256_storeu_ps(acc[x] + d0 + 8, a[x][1]);
+    }
+  }
+}
+
+// Online softmax of one query vector's scores s[0, visible) of a block: they become
+// probabilities (zeros up to nk), mx / l are updated; returns the factor for its accumulator.
+inline float softmax_update(float* s, int64_t visible, int64_t nk, float scale, float& mx,
+                            float& l) {
+  const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
+  __m256 top = neg_inf;
+  for (int64_t j = 0; j < nk; j += 8) {
+    __m256 x = _mm256_mul_ps(_mm256_load_ps(s + j), vscale);
+    if (j + 8 > visible) x = _mm256_blendv_ps(neg_inf, x, first_lanes(visible - j));
+    _mm256_store_ps(s + j, x);
+    top = _mm256_max_ps(top, x);
+  }
+  const float m_new = std::max(mx, hmax8(top));
+  const __m256 vm = _mm256_set1_ps(m_new);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < nk; j += 8) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_load_ps(s + j), vm));
+    if (j + 8 > visible) e = _mm256_and_ps(e, first_lanes(visible - j));
+    _mm256_store_ps(s + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  const float corr = std::exp(mx - m_new);
+  l = l * corr + hsum8(sum);
+  mx = m_new;
+  return corr;
+}
+
+// One sequence, one kv head, tokens [0, ntok) of a tile at positions first_pos + i: query
+// vector r is token r / group, head kvh * group + r % group.
+template <typename T, int64_t D>
+void prefill_task_avx2(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, T* out,
+                       int64_t o_stride, const int32_t* table, int64_t bs, int64_t hkv,
+                       int64_t group, int64_t kvh, int64_t first_pos, int64_t ntok, float scale,
+                       PrefillScratch& ws) {
+  const int64_t rows = ntok * group, row = hkv * D;
+  const int64_t last_pos = first_pos + ntok - 1;  // keys [0, last_pos] are needed
+  ws.qf.resize(static_cast<size_t>(rows * D));
+  ws.acc.assign(static_cast<size_t>((rows + PR) * D), 0.f);
+  ws.mx.assign(static_cast<size_t>(rows), -INFINITY);
+  ws.l.assign(static_cast<size_t>(rows), 0.f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d0 = 0; d0 < D; d0 += 8)
+      _mm256_storeu_ps(ws.qf.data() + r * D + d0,
+                       load8(q + (r / group) * q_stride + (kvh * group + r % group) * D + d0));
+  for (int64_t k0 = 0; k0 <= last_pos; k0 += PB) {
+    const int64_t n = std::min(PB, last_pos + 1 - k0);
+    repack_block<T, D>(k_cache, v_cache, table, bs, row, kvh, k0, n, ws);
+    // rows whose token sees a key of this block, PR at a time (the last tile padded with
+    // copies of its last row, written to spare accumulator rows)
+    for (int64_t r0 = std::max<int64_t>(0, k0 - first_pos) * group; r0 < rows; r0 += PR) {
+      const int64_t nr = std::min(PR, rows - r0);
+      const int64_t nk = std::min(n, first_pos + (r0 + nr - 1) / group - k0 + 1);
+      const float* qr[PR];
+      float* acc[PR];
+      float corr[PR];
+      for (int64_t x = 0; x < PR; ++x) {
+        qr[x] = ws.qf.data() + (r0 + std::min(x, nr - 1)) * D;
+        acc[x] = ws.acc.data() + (x < nr ? r0 + x : rows + x) * D;
+        corr[x] = 1.f;
+      }
+      score_tile<D>(qr, ws.kt, (nk + 15) / 16, ws.s);
+      const int64_t nk8 = (nk + 7) / 8 * 8;
+      for (int64_t x = 0; x < PR; ++x) {
+        const int64_t r = r0 + std::min(x, nr - 1);
+        if (x < nr) {
+          const int64_t visible = std::min(n, first_pos + r / group - k0 + 1);
+          corr[x] = softmax_update(ws.s[x], visible, nk8, scale, ws.mx[r], ws.l[r]);
+        } else {
+          std::memset(ws.s[x], 0, sizeof(ws.s[x]));
+        }
+      }
+      value_tile<D>(acc, corr, ws.vf, nk, ws.s);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    T* o = out + (r / group) * o_stride + (kvh * group + r % group) * D;
+    const __m256 inv = _mm256_set1_ps(1.f / ws.l[r]);
+    for (int64_t d0 = 0; d0 < D; d0 += 8)
+      store8(o + d0, _mm256_mul_ps(_mm256_loadu_ps(ws.acc.data() + r * D + d0), inv));
+  }
+}
+
+template <typename T, int64_t D>
+void prefill_avx2(const torch::Tensor& q, const torch::Tensor& k_cache,
+                  const torch::Tensor& v_cache, torch::Tensor& out, const int32_t* starts,
+                  const int32_t* qlens, const int32_t* lens, const int32_t* tables, int64_t n,
+                  int64_t width, double scale) {
+  const int64_t hq = q.size(1), bs = k_cache.size(1), hkv = k_cache.size(2);
+  const int64_t group = hq / hkv, q_stride = q.stride(0), o_stride = out.stride(0);
+  const std::vector<PrefillTile> tiles = prefill_tiles(n, qlens, lens, PTILE);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  run_in_order(static_cast<int64_t>(tiles.size()) * hkv, [&](int64_t task) {
+    thread_local PrefillScratch ws;
+    const int64_t kvh = task % hkv, b = tiles[task / hkv].seq, i0 = tiles[task / hkv].first;
+    const int64_t ntok = std::min(PTILE, static_cast<int64_t>(qlens[b]) - i0);
+    const int64_t row0 = starts[b] + i0;
+    prefill_task_avx2<T, D>(qp + row0 * q_stride, q_stride, kp, vp, op + row0 * o_stride,
+                            o_stride, tables + b * width, bs, hkv, group, kvh,
+                            lens[b] - qlens[b] + i0, ntok, static_cast<float>(scale), ws);
+  });
+}
+#endif
+
+// q / out [T, Hq, D] (rows contiguous; bfloat16, or float32 on the 8-wide path); q_starts /
+// q_lens / seq_lens int32 [N]; block_tables int32 [N, W]. Writes the attention of each
+// sequence's new tokens into out.
 void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
                    const torch::Tensor& v_cache, torch::Tensor out, const torch::Tensor& q_starts,
                    const torch::Tensor& q_lens, const torch::Tensor& seq_lens,
                    const torch::Tensor& block_tables, double scale) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-  TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && k_cache.scalar_type() == torch::kBFloat16 &&
-                  out.scalar_type() == torch::kBFloat16,
-              "paged_prefill: bfloat16 only");
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype &&
+                  out.scalar_type() == dtype,
+              "paged_prefill: q, caches and out must share a dtype");
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && out.stride(2) == 1 &&
                   out.stride(1) == out.size(2) && out.sizes() == q.sizes(),
               "paged_prefill: q and out must be [T, Hq, D] with each token's heads contiguous");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0 && q.size(2) == k_cache.size(3), "bad head shapes");
+  for (const auto* t : {&q_starts, &q_lens, &seq_lens, &block_tables})
+    TORCH_CHECK(t->scalar_type() == torch::kInt32, "paged_prefill: int32 metadata only");
   auto starts = q_starts.contiguous(), qlens = q_lens.contiguous(), lens = seq_lens.contiguous();
   auto tables = block_tables.contiguous();
   const int64_t n = starts.size(0), width = tables.size(1);
@@ -543,22 +994,59 @@ void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
   const auto* qp = qlens.data_ptr<int32_t>();
   const auto* lp = lens.data_ptr<int32_t>();
   const auto* tp = tables.data_ptr<int32_t>();
-  switch (q.size(2)) {
-    case 64: prefill<64>(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale); break;
-    case 128: prefill<128>(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale); break;
-    case 32: prefill<32>(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale); break;
-    default: TORCH_CHECK(false, "paged_prefill: head_dim 32, 64 or 128 only");
+  const int64_t d = q.size(2);
+  TORCH_CHECK(d == 16 || d == 32 || d == 64 || d == 128,
+              "paged_prefill: head_dim 16, 32, 64 or 128 only");
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  if (dtype == torch::kBFloat16 && d != 16) {
+    switch (d) {
+      case 64: prefill<64>(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale); return;
+      case 128: prefill<128>(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale); return;
+      default: prefill<32>(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale); return;
+    }
   }
-#else
-  TORCH_CHECK(false, "paged_prefill needs AVX512-BF16");
 #endif
+#ifdef RC_AVX2
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    auto go = [&](auto kernel) {
+      kernel(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale);
+    };
+    switch (d) {
+      case 64: go(prefill_avx2<T, 64>); break;
+      case 128: go(prefill_avx2<T, 128>); break;
+      case 32: go(prefill_avx2<T, 32>); break;
+      default: go(prefill_avx2<T, 16>); break;
+    }
+  };
+  if (dtype == torch::kFloat) return run(float{});
+  if (dtype == torch::kBFloat16) return run(c10::BFloat16{});
+#endif
+  TORCH_CHECK(false, "paged_prefill: no kernel for ", dtype, " on this CPU (has_native_prefill)");
 }
 
-bool has_bf16_prefill() {
+// Which dtypes paged_prefill serves on the CPU this was compiled for (-march=native).
+bool has_native_prefill(c10::ScalarType dtype) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-  return true;
-#else
+  if (dtype == torch::kBFloat16) return true;
+#endif
+#ifdef RC_AVX2
+  if (dtype == torch::kFloat || dtype == torch::kBFloat16) return true;
+#endif
+  (void)dtype;
   return false;
+}
+
+// The vector code this build runs: avx512bf16, avx512, avx2 or scalar.
+std::string vector_isa() {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  return "avx512bf16";
+#elif defined(__AVX512F__)
+  return "avx512";
+#elif defined(RC_AVX2)
+  return "avx2";
+#else
+  return "scalar";
 #endif
 }
 
@@ -571,7 +1059,8 @@ TORCH_LIBRARY(radixcache, m) {
         "Tensor seq_lens, float scale) -> Tensor");
   m.def("paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, "
         "Tensor q_starts, Tensor q_lens, Tensor seq_lens, Tensor block_tables, float scale) -> ()");
-  m.def("has_bf16_prefill() -> bool", &has_bf16_prefill);
+  m.def("has_native_prefill(ScalarType dtype) -> bool", &has_native_prefill);
+  m.def("vector_isa() -> str", &vector_isa);
 }
 
 TORCH_LIBRARY_IMPL(radixcache, CPU, m) {
