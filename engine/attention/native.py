@@ -1,11 +1,16 @@
 """The native CPU kernels (engine/attention/csrc), built on first use by torch's extension
-mechanism (a C++ compiler and ninja; cached under ~/.cache/torch_extensions). Without them the
+mechanism (a C++ compiler and ninja) into a folder named by a digest of the source, flags and
+torch version (~/.cache/radixcache/native/<digest>, or $RADIXCACHE_NATIVE_DIR). Without them the
 torch path runs: it is the fallback and the reference the kernels are tested against."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import logging
+import os
+import sys
 from pathlib import Path
 
 import torch
@@ -15,8 +20,17 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
 # -fopenmp: at::parallel_for is OpenMP inline code, serial without it; libgomp.so.1 is the copy
 # torch already loaded (same soname), so the kernels share torch's thread pool and thread count
-CFLAGS = ["-O3", "-march=native", "-fopenmp"]
-LDFLAGS = ["-fopenmp"]
+CFLAGS = ("-O3", "-march=native", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
+
+
+def build_dir() -> Path:
+    """Where this source, built with these flags for this torch and Python, lives: two checkouts
+    with different kernels never share (or rebuild over) one folder."""
+    root = os.environ.get("RADIXCACHE_NATIVE_DIR") or Path.home() / ".cache/radixcache/native"
+    key = hashlib.sha256(SOURCE.read_bytes())
+    key.update(repr((CFLAGS, LDFLAGS, torch.__version__, sys.version_info[:2])).encode())
+    return Path(root) / key.hexdigest()[:16]
 
 
 @functools.cache
@@ -25,13 +39,22 @@ def load_native() -> NativeKernels | None:
     try:
         from torch.utils.cpp_extension import load
 
-        load(
-            name="radixcache_attention",
-            sources=[str(SOURCE)],
-            extra_cflags=CFLAGS,
-            extra_ldflags=LDFLAGS,
-            is_python_module=False,
-        )
+        folder = build_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "build.flock", "w") as guard:
+            # one builder at a time; the OS drops this lock when its holder dies, whereas torch's
+            # own "lock" file stays behind after a killed build and makes every later start wait
+            # forever: holding the flock, no one else is building, so a leftover one is stale
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            (folder / "lock").unlink(missing_ok=True)
+            load(
+                name="radixcache_attention",
+                sources=[str(SOURCE)],
+                extra_cflags=list(CFLAGS),  # torch appends to the lists it is given
+                extra_ldflags=list(LDFLAGS),
+                build_directory=str(folder),
+                is_python_module=False,
+            )
     except Exception as exc:  # no compiler, no ninja, a build error: the torch path still works
         log.warning("native attention kernel unavailable, using the torch path: %s", exc)
         return None

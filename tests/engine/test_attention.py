@@ -250,3 +250,17 @@ def test_native_prefill_does_not_depend_on_chunking(dtype):
     whole = attend(0, n)
     chunks = torch.cat([attend(0, 37), attend(37, 101), attend(101, n)])
     assert torch.equal(whole, chunks)
+
+
+def test_a_build_killed_midway_does_not_hang_the_next_start():
+    """torch's build baton ("lock") outlives a killed build; the next start must not wait on it."""
+    import subprocess
+    import sys
+
+    from engine.attention.native import build_dir
+
+    native_module()  # built (or found) in this process
+    (build_dir() / "lock").touch()  # what a build killed halfway leaves behind
+    code = "from engine.attention.native import load_native; assert load_native() is not None"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+    assert not (build_dir() / "lock").exists()
