@@ -105,6 +105,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "(avx512_bf16, AMX) or on CUDA, float32 on other CPUs",
     )
     g.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    g.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="outputs bit-identical whatever the batch, chunking or cache hits (every token's "
+        "attention through the native prefill kernel; CPU)",
+    )
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     g.add_argument(
         "--kv-memory",
@@ -297,6 +303,7 @@ def engine_config(args: argparse.Namespace, model_path: Path) -> Any:
         num_threads=args.threads,
         tiers=tier_config(args),
         kv_events=events_config(args),
+        deterministic=args.deterministic,
     )
 
 

@@ -109,8 +109,9 @@ def run_batch(
     return outs, [o.metrics["first_token_time"] - t0 for o in outs]
 
 
-def make_engine(model: Path, dtype: str, caching: bool) -> LLMEngine:
+def make_engine(model: Path, dtype: str, caching: bool, deterministic: bool = False) -> LLMEngine:
     config = EngineConfig(
+        deterministic=deterministic,
         model=str(model),
         dtype=dtype,
         max_num_seqs=MAX_RUNNING,
@@ -153,8 +154,10 @@ def warm(engine: LLMEngine, vocab: int) -> None:
     engine.prefix_cache.flush()
 
 
-def bench_engine(model: Path, dtype: str, caching: bool, workload: str, vocab: int) -> Row:
-    engine = make_engine(model, dtype, caching)
+def bench_engine(
+    model: Path, dtype: str, caching: bool, workload: str, vocab: int, deterministic=False
+) -> Row:
+    engine = make_engine(model, dtype, caching, deterministic)
     warm(engine, vocab)
     before = engine.stats.snapshot()
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -168,7 +171,7 @@ def bench_engine(model: Path, dtype: str, caching: bool, workload: str, vocab: i
     engine.close()
     return Row(
         workload,
-        f"radixcache cache-{'on' if caching else 'off'}",
+        f"radixcache cache-{'on' if caching else 'off'}{' determ.' if deterministic else ''}",
         dtype,
         total,
         out_tokens,
@@ -465,6 +468,12 @@ def main() -> None:
                     ours = bench_engine(model, dtype, caching, workload, vocab).summary()
                     rows.append(ours)
                     print_table(rows[-1:])
+                    if args.deterministic:
+                        det = bench_engine(model, dtype, caching, workload, vocab, True)
+                        rows.append(det.summary())
+                        rows[-1]["cost_vs_default"] = det.total_s / ours["total_s"]
+                        rows[-1]["note"] = f"{det.total_s / ours['total_s']:.2f}x the default row"
+                        print_table(rows[-1:])
                     if args.vllm_python:
                         peer = bench_vllm(model, dtype, caching, workload, vocab).summary()
                         ours["ratio_vs_vllm"] = ours["total_s"] / peer["total_s"]
@@ -515,6 +524,11 @@ if __name__ == "__main__":
     parser.add_argument("--model", default=None, help="HF folder (default: the default model)")
     parser.add_argument("--vllm-python", default=None, help="vLLM's interpreter: adds its rows")
     parser.add_argument("--profile", action="store_true", help="time breakdown per workload")
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="also run each of our rows with EngineConfig.deterministic (its cost)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs of each row (alternated)")
     parser.add_argument(
         "--attention",

@@ -33,6 +33,9 @@ class EngineConfig:
     tiers: TierConfig | None = None
     kv_events: KVEventsConfig | None = None  # publish changes of the cached set (ZMQ, vLLM format)
     seed: int = 0  # global sampling seed for requests without their own seed
+    # outputs bit-identical whatever the batch, the chunking or the cache hits (every token's
+    # attention through the native prefill kernel's fixed tiles; see make_attention_backend)
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype != AUTO and self.dtype not in DTYPES:

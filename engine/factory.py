@@ -50,7 +50,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     path = Path(config.model) if config.model else ensure_default_model()
     dtype_name = resolve_dtype(config.dtype, config.device)
     device, dtype = torch.device(config.device), DTYPES[dtype_name]
-    model = load_model(path, dtype, device)
+    model = load_model(path, dtype, device, invariant=config.deterministic)
     mc = model.config
     max_model_len = min(
         config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings

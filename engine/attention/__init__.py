@@ -40,12 +40,15 @@ def make_attention_backend(
     native: bool | None = None,
     dtype: torch.dtype | None = None,
     head_dim: int | None = None,
+    invariant: bool = False,
 ) -> AttentionBackend:
     """Triton kernels on CUDA; on CPU the torch backend, with the native kernels when native is
     True (required) or None (when they build here); native=False: pure torch. Decode tokens go
     to the native kernel; so do prefill chunks of a model in dtype with a supported head_dim where
     this CPU has a prefill kernel for that dtype (has_native_prefill: bfloat16 with AVX512-BF16
-    or AVX2, float32 with AVX2)."""
+    or AVX2, float32 with AVX2). invariant: every token through the prefill kernel, so outputs do
+    not depend on batching, chunking or cache hits (EngineConfig.deterministic); an error where
+    that kernel is missing."""
     if torch.device(device).type == "cuda":
         from engine.attention.triton_backend import TritonAttention
 
@@ -59,7 +62,12 @@ def make_attention_backend(
         and head_dim in module.PREFILL_HEAD_DIMS
         and module.has_native_prefill(dtype)
     )
-    return TorchAttention(module, native_prefill=prefill)
+    if invariant and not prefill:
+        raise RuntimeError(
+            f"deterministic mode needs the native prefill kernel for {dtype} with head_dim "
+            f"{head_dim}, which this CPU or build does not have"
+        )
+    return TorchAttention(module, native_prefill=prefill, invariant=invariant)
 
 
 __all__ = [

@@ -78,16 +78,25 @@ def merge(o1, lse1, o2, lse2) -> torch.Tensor:
 
 class TorchAttention:
     """native: the compiled kernels (load_native()), or None for the pure-torch path.
-    native_prefill: prefill chunks go to the native kernel too (see make_attention_backend)."""
+    native_prefill: prefill chunks go to the native kernel too (see make_attention_backend).
+    invariant: decode tokens as well (batch- and cache-invariant attention, build_torch_plan)."""
 
-    def __init__(self, native: NativeKernels | None = None, native_prefill: bool = False) -> None:
+    def __init__(
+        self,
+        native: NativeKernels | None = None,
+        native_prefill: bool = False,
+        invariant: bool = False,
+    ) -> None:
         if native_prefill and native is None:
             raise ValueError("native_prefill needs the native kernels")
+        if invariant and not native_prefill:
+            raise ValueError("invariant attention needs the native prefill kernel")
         self.native = native
         self.native_prefill = native_prefill
+        self.invariant = invariant
 
     def plan(self, meta: AttentionMetadata) -> TorchPlan:
-        return build_torch_plan(meta, self.native is not None, self.native_prefill)
+        return build_torch_plan(meta, self.native is not None, self.native_prefill, self.invariant)
 
     def forward(
         self,

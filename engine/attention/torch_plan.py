@@ -229,19 +229,26 @@ def _native_prefill(prefills: list[int], cu, meta: AttentionMetadata, device) ->
 
 
 def build_torch_plan(
-    meta: AttentionMetadata, native_decode: bool, native_prefill: bool = False
+    meta: AttentionMetadata,
+    native_decode: bool,
+    native_prefill: bool = False,
+    invariant: bool = False,
 ) -> TorchPlan:
     """native_decode: decode tokens go to the native kernel (all their keys, in place) and take
     no part in shared-prefix groups; otherwise they are batched, gathered and masked in torch.
-    native_prefill: so do the sequences with more than one new token (the prefill kernel)."""
+    native_prefill: so do the sequences with more than one new token (the prefill kernel).
+    invariant (with native_prefill): every token goes to the prefill kernel, whose per-query sums
+    run over fixed 64-key tiles from position 0: a token's attention is then the same bits
+    whether it was decoded, prefilled in any chunk, or is the one uncached token of a hit."""
     query_lens, seq_lens, bs = meta.query_lens, meta.seq_lens_list, meta.block_size
     tables, device = meta.block_tables_list, meta.slot_mapping.device
     plan = TorchPlan(meta.slot_mapping)
     if native_prefill:
         cu = np.zeros(len(query_lens) + 1, dtype=np.int64)
         np.cumsum(query_lens, out=cu[1:])
-        decodes = [b for b, n in enumerate(query_lens) if n == 1]
-        prefills = [b for b, n in enumerate(query_lens) if n > 1]
+        single = 0 if invariant else 1  # sequences with this many new tokens are decodes
+        decodes = [b for b, n in enumerate(query_lens) if n == single]
+        prefills = [b for b, n in enumerate(query_lens) if n > single]
         if prefills:
             plan.native_prefill = _native_prefill(prefills, cu, meta, device)
         if decodes:

@@ -90,13 +90,17 @@ def load_model(
     *,
     prepack: bool = True,
     attention: AttentionBackend | None = None,
+    invariant: bool = False,
 ) -> LlamaForCausalLM:
     """Build the decoder for the folder's config.json and copy its weights in (fused qkv/gate_up).
     prepack: on CPU in bfloat16, hold the projections in oneDNN's packed layout.
-    attention: the attention backend (default: make_attention_backend(device))."""
+    attention: the attention backend (default: make_attention_backend(device)); invariant: that
+    default in its batch- and cache-invariant form (EngineConfig.deterministic)."""
     path = Path(path)
     config = ModelConfig.from_file(path)
-    model = LlamaForCausalLM(config, dtype=dtype, device=device, attention=attention)
+    model = LlamaForCausalLM(
+        config, dtype=dtype, device=device, attention=attention, invariant=invariant
+    )
     targets = _targets(model)
     missing = set(targets)
     with torch.no_grad():

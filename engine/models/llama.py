@@ -130,6 +130,7 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         attention: AttentionBackend | None = None,
+        invariant: bool = False,
     ) -> None:
         super().__init__()
         device = torch.device(device)
@@ -149,7 +150,7 @@ class LlamaForCausalLM(nn.Module):
         self.packed_lm_head: torch.Tensor | None = None
         self.rope = RotaryEmbedding(config, dtype, device)
         self.attention = attention or make_attention_backend(
-            device, dtype=dtype, head_dim=config.head_dim
+            device, dtype=dtype, head_dim=config.head_dim, invariant=invariant
         )
 
     @torch.inference_mode()
