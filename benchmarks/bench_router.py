@@ -60,6 +60,7 @@ class Row:
     cached_tokens: int = 0
     overhead: dict = field(default_factory=dict)
     decisions: dict = field(default_factory=dict)
+    tokenizer: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         t = np.array(self.ttft) if self.ttft else np.zeros(1)
@@ -76,6 +77,8 @@ class Row:
             "router_overhead_p99_us": round(self.overhead.get("p99_us", 0.0), 1),
             "router_cpu_mean_us": round(self.overhead.get("cpu_mean_us", 0.0), 1),
             "decisions": self.decisions,
+            "stretches_tokenized": self.tokenizer.get("stretch_misses", 0),
+            "stretches_reused": self.tokenizer.get("stretch_hits", 0),
         }
 
 
@@ -209,16 +212,16 @@ def flush(replica_specs: list[str]) -> None:
 
 
 # ---------------------------------------------------------------- router's own time, 4,096 tokens
-def conversation(tok, rng: random.Random, tokens: int = 4096) -> list[dict]:
+def conversation(sizer, rng: random.Random, tokens: int = 4096) -> list[dict]:
     """A chat of about `tokens` tokens: a 512-token system prompt, then turns of a 256-token
-    message and a 64-token answer, ending with a message."""
-    msgs = [{"role": "system", "content": random_text(tok._tok, 512, rng)}]
+    message and a 64-token answer, ending with a message. `sizer` is a PromptTokenizer other than
+    the one measured (whose own word cache would make a first sight look cheaper)."""
+    msgs = [{"role": "system", "content": random_text(sizer._tok, 512, rng)}]
     while True:
-        msgs.append({"role": "user", "content": random_text(tok._tok, 256, rng)})
-        if len(tok.chat(msgs)) >= tokens:
-            tok.segments.clear()
+        msgs.append({"role": "user", "content": random_text(sizer._tok, 256, rng)})
+        if len(sizer.chat(msgs)) >= tokens:
             return msgs
-        msgs.append({"role": "assistant", "content": random_text(tok._tok, 64, rng)})
+        msgs.append({"role": "assistant", "content": random_text(sizer._tok, 64, rng)})
 
 
 def overhead_4096(model_dir: Path, repeats: int = 20) -> dict:
@@ -232,36 +235,40 @@ def overhead_4096(model_dir: Path, repeats: int = 20) -> dict:
 
     tok = PromptTokenizer(model_dir)
     rng = random.Random(7)
-    chats = [conversation(tok, rng) for _ in range(repeats)]
+    sizer = PromptTokenizer(model_dir)
+    chats = [conversation(sizer, rng) for _ in range(repeats)]
     replicas = [
         Replica(f"r{i}", ReplicaSpec(f"http://x{i}"), ReplicaIndex(1 << 20)) for i in range(2)
     ]
     for k in range(2000):  # other users' histories: ~32k blocks per index
         replicas[k % 2].index.sent([rng.randrange(100, 40000) for _ in range(256)])
     router = Router("cache-aware", Balance())
-    seen = {"seen_before": lambda m: m, "next_turn": lambda m: m[:-2], "fully_new": None}
+    # first sight first: each chat is new to the tokenizer's own word cache too
+    seen = {"fully_new": None, "next_turn": lambda m: m[:-2], "seen_before": lambda m: m}
     out: dict[str, float] = {}
     for label, earlier in seen.items():
-        tokenize, route, new = [], [], []
+        tokenize, route, cpu, new = [], [], [], []
         for msgs in chats:
             tok.segments.clear()
             if earlier is not None:
                 tok.chat(earlier(msgs))
             misses = tok.segments.misses
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             tokens = tok.chat(msgs)
             t1 = time.perf_counter()
             decision = router.choose(replicas, tokens)
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.thread_time()
             decision.replica.sent(tokens)
             tokenize.append((t1 - t0) * 1e6)
             route.append((t2 - t1) * 1e6)
+            cpu.append((c2 - c0) * 1e6)
             new.append(tok.segments.misses - misses)
         out[f"{label}_tokens"] = len(tokens)
         out[f"{label}_new_stretches"] = float(np.median(new))
         out[f"{label}_tokenize_us"] = round(float(np.median(tokenize)), 1)
         out[f"{label}_route_us"] = round(float(np.median(route)), 1)
         out[f"{label}_total_us"] = round(float(np.median(tokenize) + np.median(route)), 1)
+        out[f"{label}_cpu_us"] = round(float(np.median(cpu)), 1)
     out["segmented"] = tok.segments.segmented
     return out
 
@@ -269,7 +276,7 @@ def overhead_4096(model_dir: Path, repeats: int = 20) -> dict:
 def print_overhead(extra: dict) -> None:
     print(
         f"router time for a ~{extra['fully_new_tokens']}-token chat prompt (median of 20, "
-        f"tokenize + route, in this process; segmented: {extra['segmented']}):"
+        f"tokenize + route, wall and CPU, in this process; segmented: {extra['segmented']}):"
     )
     for label, what in (
         ("seen_before", "seen before"),
@@ -277,7 +284,8 @@ def print_overhead(extra: dict) -> None:
         ("fully_new", "fully new"),
     ):
         print(
-            f"  {what:<46}{extra[f'{label}_total_us']:>9.0f} us  (tokenize "
+            f"  {what:<46}{extra[f'{label}_total_us']:>7.0f} us, cpu "
+            f"{extra[f'{label}_cpu_us']:>6.0f} us  (tokenize "
             f"{extra[f'{label}_tokenize_us']:.0f}, route {extra[f'{label}_route_us']:.0f}; "
             f"{extra[f'{label}_new_stretches']:.0f} stretches tokenized)"
         )
@@ -322,6 +330,7 @@ def main() -> None:
                 asyncio.run(run_row(url, model, shape, systems, messages, row))
                 stats = httpx.get(f"{url}/v1/router/stats", timeout=30).json()
                 row.overhead, row.decisions = stats["overhead"], stats["decisions"]
+                row.tokenizer = stats["tokenizer"]
             finally:
                 stop(router)
             rows.append(row.summary())
@@ -353,13 +362,14 @@ def print_row(r: dict, header: bool) -> None:
     if header:
         print(
             f"{'row':<16}{'total s':>9}{'TTFT mean/p50/p99 s':>22}{'hit':>8}{'prompt':>9}"
-            f"{'cached':>9}{'router us wall/cpu':>20}  decisions"
+            f"{'cached':>9}{'router us wall/cpu':>20}{'stretches new/reused':>22}  decisions"
         )
     ttft = f"{r['ttft_mean_s']:.2f}/{r['ttft_p50_s']:.2f}/{r['ttft_p99_s']:.2f}"
     router = f"{r['router_overhead_mean_us']:.0f}/{r['router_cpu_mean_us']:.0f}"
+    stretches = f"{r['stretches_tokenized']}/{r['stretches_reused']}"
     print(
         f"{r['name']:<16}{r['total_s']:>9.1f}{ttft:>22}{r['hit_rate']:>8.3f}{r['prompt_tokens']:>9}"
-        f"{r['cached_tokens']:>9}{router:>20}  {r['decisions']}",
+        f"{r['cached_tokens']:>9}{router:>20}{stretches:>22}  {r['decisions']}",
         flush=True,
     )
 

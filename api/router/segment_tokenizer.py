@@ -71,10 +71,9 @@ class SegmentTokenizer:
         }
 
     def _segmented(self, text: str) -> list[int]:
-        if self._cut is None:
-            return self._stretch(text) if text else []
         ids: list[int] = []
-        for i, piece in enumerate(self._cut.split(text)):  # odd i: an added token
+        pieces = self._cut.split(text) if self._cut else [text]
+        for i, piece in enumerate(pieces):  # odd i: an added token
             if i % 2:
                 ids.append(self._id[piece])
             elif piece:
