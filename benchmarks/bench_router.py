@@ -312,7 +312,8 @@ def main() -> None:
     bounds = reuse_bounds(shape, systems, messages, tok, replicas=2)
     print(f"workload {args.workload}{' (quick)' if args.quick else ''}: {shape.describe()}")
     print(
-        f"hit rates it allows (est., random answers): system prompts alone {bounds['system']:.3f}"
+        f"hit rates it allows (est.: turns one at a time, random answers): system prompts alone "
+        f"{bounds['system']:.3f}"
         f", round-robin by chance {bounds['round_robin']:.3f}, ceiling {bounds['ceiling']:.3f}"
         f" -> cache-aware / round-robin <= ~{bounds['ceiling'] / bounds['round_robin']:.2f}"
     )
