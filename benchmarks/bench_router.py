@@ -1,20 +1,26 @@
 """Router benchmark: `radixcache route` in front of 2 `radixcache serve` replicas (1 core each).
 
-Workload (issue 11): 32 users x 4 turns; 4 agent types, each with its own 1,024-token system
-prompt (8 users per type); each turn appends a 64-token user message; the 32-token answer (greedy,
-ignore EOS) is appended to that user's history. Every user runs its turns one after the other and
-all users run at once (closed loop), so turns of different users interleave as they finish.
+Workloads (benchmarks/router_workload.py): `--workload issue` (issue 11's: 32 users x 4 turns, 4
+agent types with 1,024-token system prompts, 64-token messages, 32-token answers) and
+`--workload long-history` (16 users x 3 turns, one 128-token system prompt, 512-token messages,
+128-token answers: the history, not the system prompt, is most of each prompt). Each turn appends
+a user message; the answer (greedy, ignore EOS) is appended to that user's history. Every user
+runs its turns one after the other and all users run at once (closed loop).
 
 Rows: the router with --policy cache-aware / round-robin / least-loaded over 2 replicas, and a
-single replica behind the same router. Caches are flushed before every row. Reports total time,
-TTFT mean/p50/p99 (client side, streaming), hit rate (reported cached / prompt tokens, from
-`usage`) and the router's own time per request (tokenizing + choosing, from /v1/router/stats);
-then the router's time for one 4,096-token chat prompt (first sight and with its system prompt
-seen before), measured on the router's parts in this process. Prints a table and writes
-benchmarks/results/router.json.
+single replica behind the same router. Caches are flushed before every row. The header gives the
+hit rates the workload allows (system prompts only, round-robin by chance, the ceiling). Reports
+total time, TTFT mean/p50/p99 (client side, streaming), hit rate (reported cached / prompt tokens,
+from `usage`) and the router's own time per request (tokenizing + choosing, from
+/v1/router/stats); then the router's time for a 4,096-token chat prompt seen before, as a
+conversation's next turn (its last answer and new message unseen) and fully new, measured on the
+router's parts in this process. Prints a table and writes benchmarks/results/router*.json.
 
-    python -m benchmarks.bench_router            # the issue's shape (~10 minutes on 2 cores)
-    python -m benchmarks.bench_router --quick    # 8 users x 2 turns, 2 agents, 256-token prompts
+    python -m benchmarks.bench_router                           # the issue's shape
+    python -m benchmarks.bench_router --workload long-history   # history-heavy chats
+    python -m benchmarks.bench_router --quick                   # a small version of either
+
+vLLM replicas (`--vllm-python`) are not part of this script yet.
 """
 
 from __future__ import annotations
@@ -35,22 +41,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from benchmarks.router_workload import SHAPES, Shape, build_workload, random_text, reuse_bounds
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "router.json"
+RESULTS = {
+    "issue": ROOT / "benchmarks" / "results" / "router.json",
+    "long-history": ROOT / "benchmarks" / "results" / "router_long_history.json",
+}
 MODEL_DIR = Path.home() / ".cache" / "radixcache" / "models" / "SmolLM2-135M-Instruct"
-
-
-@dataclass(frozen=True)
-class Shape:
-    users: int = 32
-    turns: int = 4
-    agents: int = 4
-    system_tokens: int = 1024
-    message_tokens: int = 64
-    answer_tokens: int = 32
-
-
-QUICK = Shape(users=8, turns=2, agents=2, system_tokens=256)
 
 
 @dataclass
@@ -62,6 +60,7 @@ class Row:
     cached_tokens: int = 0
     overhead: dict = field(default_factory=dict)
     decisions: dict = field(default_factory=dict)
+    tokenizer: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         t = np.array(self.ttft) if self.ttft else np.zeros(1)
@@ -78,6 +77,8 @@ class Row:
             "router_overhead_p99_us": round(self.overhead.get("p99_us", 0.0), 1),
             "router_cpu_mean_us": round(self.overhead.get("cpu_mean_us", 0.0), 1),
             "decisions": self.decisions,
+            "stretches_tokenized": self.tokenizer.get("stretch_misses", 0),
+            "stretches_reused": self.tokenizer.get("stretch_hits", 0),
         }
 
 
@@ -151,23 +152,6 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 # ---------------------------------------------------------------- workload
-def random_text(tokenizer, n: int, rng: random.Random) -> str:
-    """Text of about n tokens: random ids from [100, vocab - 100) decoded (no special tokens)."""
-    vocab = tokenizer.vocab_size
-    ids = [rng.randrange(100, vocab - 100) for _ in range(n)]
-    return tokenizer.decode(ids)
-
-
-def build_workload(shape: Shape, tokenizer, seed: int = 1) -> tuple[list[str], list[list[str]]]:
-    rng = random.Random(seed)
-    systems = [random_text(tokenizer, shape.system_tokens, rng) for _ in range(shape.agents)]
-    messages = [
-        [random_text(tokenizer, shape.message_tokens, rng) for _ in range(shape.turns)]
-        for _ in range(shape.users)
-    ]
-    return systems, messages
-
-
 async def run_user(
     client: httpx.AsyncClient, model: str, system: str, turns: list[str], shape: Shape, row: Row
 ) -> None:
@@ -228,7 +212,22 @@ def flush(replica_specs: list[str]) -> None:
 
 
 # ---------------------------------------------------------------- router's own time, 4,096 tokens
+def conversation(sizer, rng: random.Random, tokens: int = 4096) -> list[dict]:
+    """A chat of about `tokens` tokens: a 512-token system prompt, then turns of a 256-token
+    message and a 64-token answer, ending with a message. `sizer` is a PromptTokenizer other than
+    the one measured (whose own word cache would make a first sight look cheaper)."""
+    msgs = [{"role": "system", "content": random_text(sizer._tok, 512, rng)}]
+    while True:
+        msgs.append({"role": "user", "content": random_text(sizer._tok, 256, rng)})
+        if len(sizer.chat(msgs)) >= tokens:
+            return msgs
+        msgs.append({"role": "assistant", "content": random_text(sizer._tok, 64, rng)})
+
+
 def overhead_4096(model_dir: Path, repeats: int = 20) -> dict:
+    """Median router time for one ~4,096-token chat: `seen_before` (the same prompt again),
+    `next_turn` (the router saw the conversation up to its previous message: the last answer and
+    the new message are new, about 8% of the prompt) and `fully_new` (nothing seen before)."""
     from api.router.index import ReplicaIndex
     from api.router.policy import Balance, Router
     from api.router.replicas import Replica, ReplicaSpec
@@ -236,42 +235,67 @@ def overhead_4096(model_dir: Path, repeats: int = 20) -> dict:
 
     tok = PromptTokenizer(model_dir)
     rng = random.Random(7)
-    system = random_text(tok._tok, 4000, rng)
+    sizer = PromptTokenizer(model_dir)
+    chats = [conversation(sizer, rng) for _ in range(repeats)]
     replicas = [
         Replica(f"r{i}", ReplicaSpec(f"http://x{i}"), ReplicaIndex(1 << 20)) for i in range(2)
     ]
     for k in range(2000):  # other users' histories: ~32k blocks per index
         replicas[k % 2].index.sent([rng.randrange(100, 40000) for _ in range(256)])
     router = Router("cache-aware", Balance())
+    # first sight first: each chat is new to the tokenizer's own word cache too
+    seen = {"fully_new": None, "next_turn": lambda m: m[:-2], "seen_before": lambda m: m}
     out: dict[str, float] = {}
-    for label, fresh in (("first_sight", True), ("system_prompt_seen", False)):
-        tokenize, route, n = [], [], 0
-        for i in range(repeats):
-            head = system if not fresh else random_text(tok._tok, 4000, rng)
-            msgs = [
-                {"role": "system", "content": head},
-                {"role": "user", "content": f"question {i}"},
-            ]
-            t0 = time.perf_counter()
+    for label, earlier in seen.items():
+        tokenize, route, cpu, new = [], [], [], []
+        for msgs in chats:
+            tok.segments.clear()
+            if earlier is not None:
+                tok.chat(earlier(msgs))
+            misses = tok.segments.misses
+            t0, c0 = time.perf_counter(), time.thread_time()
             tokens = tok.chat(msgs)
             t1 = time.perf_counter()
             decision = router.choose(replicas, tokens)
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.thread_time()
             decision.replica.sent(tokens)
             tokenize.append((t1 - t0) * 1e6)
             route.append((t2 - t1) * 1e6)
-            n = len(tokens)
-        out[f"{label}_tokens"] = n
+            cpu.append((c2 - c0) * 1e6)
+            new.append(tok.segments.misses - misses)
+        out[f"{label}_tokens"] = len(tokens)
+        out[f"{label}_new_stretches"] = float(np.median(new))
         out[f"{label}_tokenize_us"] = round(float(np.median(tokenize)), 1)
         out[f"{label}_route_us"] = round(float(np.median(route)), 1)
         out[f"{label}_total_us"] = round(float(np.median(tokenize) + np.median(route)), 1)
+        out[f"{label}_cpu_us"] = round(float(np.median(cpu)), 1)
+    out["segmented"] = tok.segments.segmented
     return out
+
+
+def print_overhead(extra: dict) -> None:
+    print(
+        f"router time for a ~{extra['fully_new_tokens']}-token chat prompt (median of 20, "
+        f"tokenize + route, wall and CPU, in this process; segmented: {extra['segmented']}):"
+    )
+    for label, what in (
+        ("seen_before", "seen before"),
+        ("next_turn", "next turn (last answer + new message unseen)"),
+        ("fully_new", "fully new"),
+    ):
+        print(
+            f"  {what:<46}{extra[f'{label}_total_us']:>7.0f} us, cpu "
+            f"{extra[f'{label}_cpu_us']:>6.0f} us  (tokenize "
+            f"{extra[f'{label}_tokenize_us']:.0f}, route {extra[f'{label}_route_us']:.0f}; "
+            f"{extra[f'{label}_new_stretches']:.0f} stretches tokenized)"
+        )
 
 
 # ---------------------------------------------------------------- main
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="8 users x 2 turns, 2 agents, 256 tokens")
+    p.add_argument("--workload", choices=sorted(SHAPES), default="issue")
+    p.add_argument("--quick", action="store_true", help="a small version of the workload")
     p.add_argument("--model", type=Path, default=MODEL_DIR)
     p.add_argument("--kv-memory", default="1G", help="device KV pool per replica")
     p.add_argument(
@@ -280,10 +304,19 @@ def main() -> None:
         help="comma-separated: cache-aware, round-robin, least-loaded, single",
     )
     args = p.parse_args()
-    shape = QUICK if args.quick else Shape()
+    shape = SHAPES[args.workload][1 if args.quick else 0]
     from api.router.tokenize import PromptTokenizer
 
-    systems, messages = build_workload(shape, PromptTokenizer(args.model)._tok)
+    tok = PromptTokenizer(args.model)
+    systems, messages = build_workload(shape, tok._tok)
+    bounds = reuse_bounds(shape, systems, messages, tok, replicas=2)
+    print(f"workload {args.workload}{' (quick)' if args.quick else ''}: {shape.describe()}")
+    print(
+        f"hit rates it allows (est.: turns one at a time, random answers): system prompts alone "
+        f"{bounds['system']:.3f}"
+        f", round-robin by chance {bounds['round_robin']:.3f}, ceiling {bounds['ceiling']:.3f}"
+        f" -> cache-aware / round-robin <= ~{bounds['ceiling'] / bounds['round_robin']:.2f}"
+    )
     model = args.model.name
     procs = [start_replica(args, core) for core in ("0", "1")]
     specs = [spec for _, spec in procs]
@@ -298,6 +331,7 @@ def main() -> None:
                 asyncio.run(run_row(url, model, shape, systems, messages, row))
                 stats = httpx.get(f"{url}/v1/router/stats", timeout=30).json()
                 row.overhead, row.decisions = stats["overhead"], stats["decisions"]
+                row.tokenizer = stats["tokenizer"]
             finally:
                 stop(router)
             rows.append(row.summary())
@@ -306,35 +340,37 @@ def main() -> None:
         for proc, _ in procs:
             stop(proc)
     extra = overhead_4096(args.model)
-    print(
-        f"router time for a {extra['first_sight_tokens']}-token chat prompt: first sight "
-        f"{extra['first_sight_total_us']:.0f} us (tokenize {extra['first_sight_tokenize_us']:.0f}, "
-        f"route {extra['first_sight_route_us']:.0f}); system prompt seen before "
-        f"{extra['system_prompt_seen_total_us']:.0f} us (tokenize "
-        f"{extra['system_prompt_seen_tokenize_us']:.0f}, route {extra['system_prompt_seen_route_us']:.0f})"
-    )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    print_overhead(extra)
+    results = RESULTS[args.workload]
+    if args.quick:  # never over the full run's figures
+        results = results.with_name(f"{results.stem}_quick.json")
+    results.parent.mkdir(parents=True, exist_ok=True)
     meta = {
+        "workload": args.workload,
+        "quick": args.quick,
         "shape": vars(shape),
+        "bounds": bounds,
         "kv_memory": args.kv_memory,
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
     }
-    RESULTS.write_text(json.dumps({"meta": meta, "rows": rows, "overhead_4096": extra}, indent=2))
-    print(f"wrote {RESULTS}")
+    body = {"meta": meta, "rows": rows, "overhead_4096": extra}
+    results.write_text(json.dumps(body, indent=2))
+    print(f"wrote {results}")
 
 
 def print_row(r: dict, header: bool) -> None:
     if header:
         print(
             f"{'row':<16}{'total s':>9}{'TTFT mean/p50/p99 s':>22}{'hit':>8}{'prompt':>9}"
-            f"{'cached':>9}{'router us wall/cpu':>20}  decisions"
+            f"{'cached':>9}{'router us wall/cpu':>20}{'stretches new/reused':>22}  decisions"
         )
     ttft = f"{r['ttft_mean_s']:.2f}/{r['ttft_p50_s']:.2f}/{r['ttft_p99_s']:.2f}"
     router = f"{r['router_overhead_mean_us']:.0f}/{r['router_cpu_mean_us']:.0f}"
+    stretches = f"{r['stretches_tokenized']}/{r['stretches_reused']}"
     print(
         f"{r['name']:<16}{r['total_s']:>9.1f}{ttft:>22}{r['hit_rate']:>8.3f}{r['prompt_tokens']:>9}"
-        f"{r['cached_tokens']:>9}{router:>20}  {r['decisions']}",
+        f"{r['cached_tokens']:>9}{router:>20}{stretches:>22}  {r['decisions']}",
         flush=True,
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,12 +34,16 @@ from api.router.state import RouterState, check_health, health_forever
 from api.router.tokenize import PromptTokenizer
 
 REPLICA_HEADER = "x-radixcache-replica"  # which replica answered (r0, r1, ... in --replica order)
+log = logging.getLogger("radixcache.router")
 
 
 def create_router_app(config: RouterConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tokenizer = await asyncio.to_thread(PromptTokenizer, config.tokenizer)
+        if not tokenizer.segments.segmented:
+            reasons = "; ".join(tokenizer.segments.blockers)
+            log.warning("the router tokenizes each prompt whole: %s", reasons)
         replicas = build_replicas(list(config.replicas), config.index_blocks, config.block_size)
         timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)

@@ -65,6 +65,7 @@ class RouterState:
             "decisions": dict(self.decisions),
             "unrouted": self.unrouted,
             "overhead": self.overhead.summary(),
+            "tokenizer": self.tokenizer.segments.stats(),
             "replicas": {r.name: r.stats() for r in self.replicas},
         }
 

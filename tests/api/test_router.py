@@ -243,6 +243,7 @@ def test_later_turns_go_to_the_replica_holding_the_earlier_ones(
     model = replicas[0].model
     users = {u: [{"role": "system", "content": fresh_text(120, seed=u)}] for u in range(4)}
     homes: dict[int, set[str]] = {u: set() for u in users}
+    misses = router.stats()["tokenizer"]["stretch_misses"]
     for turn in range(3):
         for u, history in users.items():
             history.append({"role": "user", "content": fresh_text(40, seed=100 * turn + u)})
@@ -266,6 +267,10 @@ def test_later_turns_go_to_the_replica_holding_the_earlier_ones(
         assert r["requests"] > 0 and r["predicted_cached_tokens"] > 0
         assert r["reported_cached_tokens"] > 0 and r["prompt_tokens"] > 0
     assert stats["decisions"]["cache_hit"] >= 8 and stats["overhead"]["count"] >= 12
+    # each request tokenized at most its 2 new stretches (the last answer, the new message),
+    # besides the separators and generation prompt every chat shares
+    assert stats["tokenizer"]["segmented"]
+    assert stats["tokenizer"]["stretch_misses"] - misses <= 2 + 2 * 12
 
 
 def _wait_indexed(router: Any, name: str, prompt_tokens: int) -> None:
