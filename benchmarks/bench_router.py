@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from benchmarks.processes import free_port, spawn, stop, wait_healthy
 from benchmarks.router_workload import SHAPES, Shape, build_workload, random_text, reuse_bounds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,25 +83,6 @@ class Row:
 
 
 # ---------------------------------------------------------------- processes
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn(cmd: list[str], core: str | None) -> subprocess.Popen:
-    if core is not None and shutil_which("taskset"):
-        cmd = ["taskset", "-c", core, *cmd]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-
-
-def shutil_which(name: str) -> bool:
-    import shutil
-
-    return shutil.which(name) is not None
-
-
 def start_replica(args: argparse.Namespace, core: str) -> tuple[subprocess.Popen, str]:
     port, events, replay = free_port(), free_port(), free_port()
     cmd = [sys.executable, "-m", "api.cli", "serve", "--model", str(args.model), "--no-disk"]
@@ -123,32 +104,10 @@ def start_router(
     cmd += ["--port", str(port), "--log-level", "warning"]
     for spec in replicas:
         cmd += ["--replica", spec]
-    proc = spawn(cmd, None)
+    proc = spawn(cmd)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, proc)
     return proc, url
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)  # polling interval
-    raise RuntimeError(f"{url} did not become healthy")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 # ---------------------------------------------------------------- workload
