@@ -29,6 +29,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.state = np.zeros(num_blocks, dtype=np.int32)
         self._slot = np.zeros(num_blocks, dtype=np.intp)  # scratch for the repeated-id check
+        self._order = np.arange(num_blocks, dtype=np.intp)
         self._free = list(range(num_blocks - 1, -1, -1))
         self._num_private = 0
 
@@ -78,35 +79,46 @@ class BlockPool:
         n = len(block_ids)
         if not n:
             return []
-        try:  # a negative id does not fit uintp, one past the end fails the gather
-            ids = np.fromiter(block_ids, dtype=np.uintp, count=n)
+        ids = self._index(block_ids)
+        try:
             states = self.state[ids]
-        except (OverflowError, IndexError):
+        except IndexError:
             raise BlockPoolError("block id out of range") from None
-        top = int(states.max())
-        if states.min() <= 0 or top >= OWNED:  # unreferenced, or owned already
+        # each must be private and not owned: 0 < state < OWNED, i.e. (state - 1) as an
+        # unsigned int below OWNED - 1 (one reduction; top == 0: every state is 1)
+        top = int((states.view(np.uint32) - np.uint32(1)).max())
+        if top >= OWNED - 1:
             bad = next(b for b in block_ids if not 0 < self.state[b] < OWNED)
             raise BlockPoolError(f"block {bad} is not a private block of the caller")
         if self._has_repeats(block_ids, ids):
             raise BlockPoolError("a block id appears twice")
         self._num_private -= n
-        if top == 1:  # the usual case: the caller's only reference
+        if top == 0:  # the usual case: the caller's only reference
             self.state[ids] = OWNED
             return []
         self.state[ids] = states + (OWNED - 1)
         return ids[states > 1].tolist()
 
+    @staticmethod
+    def _index(block_ids: Sequence[int]) -> np.ndarray:
+        """Block ids as an intp index array (a negative id does not fit uintp and raises; the
+        intp view indexes without the cast a uintp index would cost)."""
+        try:
+            return np.fromiter(block_ids, dtype=np.uintp, count=len(block_ids)).view(np.intp)
+        except OverflowError:
+            raise BlockPoolError("block id out of range") from None
+
     def _has_repeats(self, block_ids: Sequence[int], ids: np.ndarray) -> bool:
         if len(block_ids) <= 256:
             return len(set(block_ids)) != len(block_ids)
-        order = np.arange(len(ids), dtype=np.intp)
+        order = self._order[: len(ids)]
         self._slot[ids] = order  # a repeated id keeps only its last position
         return bool(np.count_nonzero(self._slot[ids] != order))
 
     def release_owned(self, block_ids: Sequence[int]) -> None:
         """The tree drops blocks it owned without private refs: they become free."""
         if len(block_ids):
-            self.state[np.fromiter(block_ids, dtype=np.uintp, count=len(block_ids))] = 0
+            self.state[self._index(block_ids)] = 0
             self._free += block_ids
 
     def free_ids(self) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -52,9 +53,11 @@ class Namespace:
         return dataclasses.replace(self, cache_salt=salt)
 
 
-def token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
+def token_bytes(tokens: Sequence[int] | np.ndarray | array) -> bytes:
     """Token ids as little-endian int32 bytes (struct packs Python ints faster than numpy
-    converts them; arrays are converted by numpy)."""
+    converts them; numpy and array("q") ids are converted by numpy, without an int each)."""
+    if type(tokens) is array and tokens.typecode == "q":
+        return np.frombuffer(tokens, dtype=np.int64).astype("<i4").tobytes()
     if isinstance(tokens, np.ndarray):
         return tokens.astype("<i4", copy=False).tobytes()
     return struct.pack(f"<{len(tokens)}i", *tokens)
@@ -62,7 +65,7 @@ def token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
 
 def block_hashes(
     namespace: Namespace,
-    tokens: Sequence[int] | np.ndarray,
+    tokens: Sequence[int] | np.ndarray | array,
     parent_hash: int | None = None,
 ) -> list[int]:
     """Chained xxh3_64 hashes of the full blocks of `tokens`.
