@@ -8,6 +8,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import islice
 
 import numpy as np
 import xxhash
@@ -77,15 +78,11 @@ def block_hashes(
     size = namespace.block_size * 4
     data = token_bytes(tokens)
     n = len(data) // size
-    out: list[int] = []
     if n == 0:
-        return out
+        return []
+    blocks = np.frombuffer(data, dtype=f"V{size}", count=n).tolist()  # bytes per block, in C
     if parent_hash is None:
-        h = _xxh3(_ZERO8 + namespace.seed_bytes + data[:size])
+        h = _xxh3(_ZERO8 + namespace.seed_bytes + blocks[0])
     else:
-        h = _xxh3(parent_hash.to_bytes(8, "little") + data[:size])
-    out.append(h)
-    for off in range(size, n * size, size):
-        h = _xxh3(h.to_bytes(8, "little") + data[off : off + size])
-        out.append(h)
-    return out
+        h = _xxh3(parent_hash.to_bytes(8, "little") + blocks[0])
+    return [h, *[h := _xxh3(h.to_bytes(8, "little") + b) for b in islice(blocks, 1, None)]]

@@ -299,8 +299,8 @@ class PrefixCache:
         evicted: list[EvictedBlock] = []
         for v in victims:
             n, ns = len(v.blocks), v.node.ns
-            per_block = zip(*[iter(v.tokens.tolist())] * bs, strict=True)  # bs tokens per block
-            fields = zip(v.blocks, repeat(ns, n), v.hashes, map(list, per_block), strict=True)  # type: ignore[arg-type]
+            per_block = np.frombuffer(v.tokens, dtype=np.int64).reshape(n, bs).tolist()  # in C
+            fields = zip(v.blocks, repeat(ns, n), v.hashes, per_block, strict=True)  # type: ignore[arg-type]
             evicted += map(new, repeat(EvictedBlock, n), fields)  # EvictedBlock(*f), in C
         self._free_victims(victims)
         return evicted

@@ -211,16 +211,24 @@ class RadixTree:
     # --- hashes ---
     def hash_path(self, node: Node) -> tuple[int, ...]:
         """The chained hashes of `node`, computing them (and its ancestors') if not done yet."""
-        target, chain = node, []
-        while node.hashes is None:  # the root's are ()
-            chain.append(node)
-            node = node.parent  # type: ignore[assignment]
+        if node.hashes is None:
+            self._set_hashes(node, self._own_hashes(node))
+        return node.hashes  # type: ignore[return-value]
+
+    def _own_hashes(self, node: Node) -> tuple[int, ...]:
+        """The chained hashes of unhashed `node` (its ancestors are hashed first), not set."""
+        chain, parent = [], node.parent
+        while parent.hashes is None:  # type: ignore[union-attr]  # the root's are ()
+            chain.append(parent)
+            parent = parent.parent  # type: ignore[union-attr]
         for n in reversed(chain):
-            parent = n.parent
-            assert parent is not None
-            parent_hash = parent.hashes[-1] if parent.hashes else None
-            self._set_hashes(n, tuple(self.hash_fn(n.ns, n.tokens, parent_hash)))  # type: ignore[arg-type]
-        return target.hashes  # type: ignore[return-value]
+            self._set_hashes(n, self._chained(n))
+        return self._chained(node)
+
+    def _chained(self, node: Node) -> tuple[int, ...]:
+        parent_hashes = node.parent.hashes  # type: ignore[union-attr]
+        parent_hash = parent_hashes[-1] if parent_hashes else None
+        return tuple(self.hash_fn(node.ns, node.tokens, parent_hash))  # type: ignore[arg-type]
 
     def hash_all(self) -> None:
         for node in list(self.unhashed.values()):
@@ -377,7 +385,10 @@ class RadixTree:
     def _cut_tail(self, node: Node, n: int, with_hashes: bool) -> Victim:
         bs = self.block_size
         keep = len(node.blocks) - n
-        hashes = self.hash_path(node) if with_hashes else node.hashes
+        hashes = node.hashes
+        fresh = hashes is None and with_hashes  # hashed now: only the kept part gets indexed
+        if fresh:
+            hashes = self._own_hashes(node)
         victim = Victim(
             node,
             node.blocks[keep:],
@@ -386,7 +397,9 @@ class RadixTree:
         )
         node.blocks, node.tokens = node.blocks[:keep], node.tokens[: keep * bs]
         self.num_cached -= n
-        if hashes is not None:
+        if fresh:
+            self._set_hashes(node, hashes[:keep])  # type: ignore[index]
+        elif hashes is not None:
             node.hashes = hashes[:keep]
             self._unindex(victim)
         if node.units:
