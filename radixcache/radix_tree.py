@@ -398,7 +398,8 @@ class RadixTree:
         node.blocks, node.tokens = node.blocks[:keep], node.tokens[: keep * bs]
         self.num_cached -= n
         if fresh:
-            self._set_hashes(node, hashes[:keep])  # type: ignore[index]
+            if keep:
+                self._set_hashes(node, hashes[:keep])  # type: ignore[index]
         elif hashes is not None:
             node.hashes = hashes[:keep]
             self._unindex(victim)
