@@ -190,8 +190,9 @@ def percentile(xs: list[float], q: float) -> float:
 def serve_times(requests: list[list[int]], bs: int, as_array: bool) -> dict[str, list]:
     """Per request in the engine's order: match, lock, allocate the rest, insert, unlock.
 
-    Token ids as lists (what the engine holds) or, with `as_array`, as array("q") (what
-    SGLang's RadixKey holds), built before the clock runs, as the runner does for SGLang."""
+    Token ids as array("q") (`as_array`: what the engine's sequences hold, and SGLang's
+    RadixKey) or as lists (other callers: the index packs them into an array at its door),
+    built before the clock runs, as the runner does for SGLang."""
     ns = Namespace("bench-model", "bfloat16", bs)
     cache = PrefixCache(sum(len(r) for r in requests) // bs + 1, bs)
     kind = (lambda t: array("q", t)) if as_array else list
@@ -256,11 +257,11 @@ def evict_times(kind: str, seed: int, bs: int, reps: int) -> dict[str, float]:
 
 
 def ours_run(traces: dict[str, list[list[int]]], reps: int) -> dict:
-    out: dict = {"traces": {}, "traces_array": {}, "evict": {}}
+    out: dict = {"traces": {}, "traces_list": {}, "evict": {}}  # traces: what the engine does
     for name, trace in traces.items():
         for bs in PEER_BLOCK_SIZES:
-            out["traces"][f"{name}/{bs}"] = serve_times(trace, bs, as_array=False)
-            out["traces_array"][f"{name}/{bs}"] = serve_times(trace, bs, as_array=True)
+            out["traces"][f"{name}/{bs}"] = serve_times(trace, bs, as_array=True)
+            out["traces_list"][f"{name}/{bs}"] = serve_times(trace, bs, as_array=False)
     for kind, seed in EVICT_TREES.items():
         for bs in PEER_BLOCK_SIZES:
             out["evict"][f"{kind}/{bs}"] = evict_times(kind, seed, bs, reps)
@@ -312,8 +313,8 @@ def summarize(ours: list[dict], theirs: list[dict]) -> dict:
         summary["sglang_version"] = theirs[0]["sglang"]
     for key in ours[0]["traces"]:
         row = {
-            "radixcache": trace_stats(ours, key),
-            "radixcache_array": trace_stats(ours, key, "traces_array"),
+            "radixcache": trace_stats(ours, key),  # array("q") ids, as the engine passes them
+            "radixcache_list": trace_stats(ours, key, "traces_list"),
         }
         if theirs:
             row["sglang"] = trace_stats(theirs, key)
@@ -346,7 +347,7 @@ def print_peer_tables(summary: dict) -> None:
         for op in ("match", "insert"):
             cells = [key, op]
             t50 = theirs.get(f"{op}_p50")
-            for side in ("radixcache", "radixcache_array"):
+            for side in ("radixcache", "radixcache_list"):
                 o50, o99 = row[side][f"{op}_p50"], row[side][f"{op}_p99"]
                 cells += [f"{o50:.1f} / {o99:.0f}", f"{o50 / t50:.2f}" if theirs else "-"]
             cells.append(f"{t50:.1f} / {theirs[f'{op}_p99']:.0f}" if theirs else "-")
@@ -354,8 +355,9 @@ def print_peer_tables(summary: dict) -> None:
             rows.append(cells)
     print_table(
         f"per request CPU us, p50 / p99 (median of {summary['runs']} alternating runs); "
-        f"x = ours / {peer} at p50; ours with token ids as lists and as array('q')",
-        ["trace/block", "op", "ours list", "x", "ours array", "x", "sglang", "same match"],
+        f"x = ours / {peer} at p50; ours with token ids as array('q') (what the engine passes) "
+        "and as lists (packed into an array at the index's door)",
+        ["trace/block", "op", "ours engine (array)", "x", "ours list", "x", "sglang", "same match"],
         rows,
     )
     rows = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from array import array
 
 import torch
 
@@ -15,7 +16,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.factory import build_parts
 from engine.model_runner import ForwardResult
 from engine.outputs import RequestOutput, request_output
-from engine.request import Prompt, Request, Sequence
+from engine.request import Prompt, Request, Sequence, token_array
 from engine.sampler import SamplerOutput, SampleRow
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledBatch
@@ -73,7 +74,7 @@ class LLMEngine:
         request = Request(
             request_id, prompt.text, prompt.token_ids, params, self.namespace_for(cache_salt)
         )
-        seq = self._new_sequence(request, 0, list(prompt.token_ids))
+        seq = self._new_sequence(request, 0, token_array(prompt.token_ids))
         seq.pending_forks = params.n - 1
         self.requests[request_id] = request
         self.scheduler.add(seq)
@@ -198,7 +199,7 @@ class LLMEngine:
         return stats
 
     # --- sequences ---
-    def _new_sequence(self, request: Request, index: int, token_ids: list[int]) -> Sequence:
+    def _new_sequence(self, request: Request, index: int, token_ids: array) -> Sequence:
         params = request.params
         generator = None
         if params.seed is not None:
@@ -213,7 +214,7 @@ class LLMEngine:
         while parent.pending_forks > 0:
             parent.pending_forks -= 1
             index = parent.request.params.n - 1 - parent.pending_forks
-            child = self._new_sequence(parent.request, index, list(parent.token_ids))
+            child = self._new_sequence(parent.request, index, token_array(parent.token_ids))
             if self.blocks.fork(parent, child):
                 self.scheduler.add_running(child)
                 children.append(child)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,10 +38,10 @@ class ModelRunner:
         starts = [s.num_computed_tokens for s in batch.seqs]
         seq_lens = [c + n for c, n in zip(starts, query_lens, strict=True)]
         # new tokens of sequence b: token_ids[starts[b] : seq_lens[b]], rows cu[b]..cu[b+1]
-        flat: list[int] = []
+        flat = array("q")
         for seq, start, end in zip(batch.seqs, starts, seq_lens, strict=True):
             flat.extend(seq.token_ids[start:end])
-        input_ids = torch.tensor(flat, dtype=torch.int64, device=self.device)
+        input_ids = torch.from_numpy(np.frombuffer(flat, dtype=np.int64).copy()).to(self.device)
         positions = torch.from_numpy(compute_positions(query_lens, seq_lens)).to(self.device)
         meta = build_attention_metadata(
             query_lens,

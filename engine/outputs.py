@@ -56,7 +56,7 @@ def take_delta(seq: Sequence) -> CompletionDelta | None:
     seq.num_sent_chars = len(text)
     seq.finish_sent = finished
     return CompletionDelta(
-        seq.index, new_text, seq.token_ids[start:end], seq.finish_reason, lp, top
+        seq.index, new_text, list(seq.token_ids[start:end]), seq.finish_reason, lp, top
     )
 
 

@@ -5,8 +5,10 @@ rows that carry their own torch.Generator (a generator cannot be shared across r
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch.profiler import record_function
 
@@ -16,7 +18,7 @@ from engine.sampling import SamplingParams
 @dataclass
 class SampleRow:
     params: SamplingParams
-    token_ids: list[int]  # prompt + output so far
+    token_ids: array | list[int]  # prompt + output so far
     num_prompt_tokens: int
     generator: torch.Generator | None  # per-request seed; None = the engine's generator
 
@@ -100,13 +102,13 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor
     return logits
 
 
-def _token_counts(vocab: int, seqs: list[list[int]]) -> torch.Tensor:
+def _token_counts(vocab: int, seqs: list[array | list[int]]) -> torch.Tensor:
     # counts[r, t] = occurrences of token t in seqs[r]; padded with an extra sink column
     width = max((len(s) for s in seqs), default=0)
     ids = torch.full((len(seqs), max(width, 1)), vocab, dtype=torch.int64)
     for i, s in enumerate(seqs):
         if s:
-            ids[i, : len(s)] = torch.tensor(s, dtype=torch.int64)
+            ids[i, : len(s)] = torch.from_numpy(np.asarray(s, dtype=np.int64))
     counts = torch.zeros(len(seqs), vocab + 1)
     counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
     return counts[:, :vocab]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 OWNED = 1 << 24  # added to a block's state while the radix tree owns it
+_MAX_ONES = 4096
+_ONES = np.ones(_MAX_ONES, dtype=np.int32).tobytes()  # states of blocks with one private ref
 
 
 class BlockPoolError(ValueError):
@@ -29,6 +32,8 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.state = np.zeros(num_blocks, dtype=np.int32)
         self._slot = np.zeros(num_blocks, dtype=np.intp)  # scratch for the repeated-id check
+        self._order_bytes = np.arange(num_blocks, dtype=np.intp).tobytes()  # block ids 0..n-1
+        self._order = np.frombuffer(self._order_bytes, dtype=np.intp)
         self._free = list(range(num_blocks - 1, -1, -1))
         self._num_private = 0
 
@@ -52,7 +57,7 @@ class BlockPool:
         del free[len(free) - n :]
         ids.reverse()
         if ids:
-            self.state[ids] = 1
+            self.state[self._where(ids)] = 1
         self._num_private += n
         return ids
 
@@ -78,35 +83,55 @@ class BlockPool:
         n = len(block_ids)
         if not n:
             return []
-        try:  # a negative id does not fit uintp, one past the end fails the gather
-            ids = np.fromiter(block_ids, dtype=np.uintp, count=n)
-            states = self.state[ids]
-        except (OverflowError, IndexError):
+        where = self._where(block_ids)
+        try:
+            states = self.state[where]
+        except IndexError:
             raise BlockPoolError("block id out of range") from None
-        top = int(states.max())
-        if states.min() <= 0 or top >= OWNED:  # unreferenced, or owned already
+        # each must be private and not owned: 0 < state < OWNED. The usual case, every state 1
+        # (the caller's only reference), is one memcmp; else (state - 1) as an unsigned int
+        # must stay below OWNED - 1 (one reduction; top == 0: every state is 1)
+        ones = n <= _MAX_ONES and states.tobytes() == _ONES[: 4 * n]
+        top = 0 if ones else int((states.view(np.uint32) - np.uint32(1)).max())
+        if top >= OWNED - 1:
             bad = next(b for b in block_ids if not 0 < self.state[b] < OWNED)
             raise BlockPoolError(f"block {bad} is not a private block of the caller")
-        if self._has_repeats(block_ids, ids):
+        if type(where) is not slice and self._has_repeats(block_ids, where):
             raise BlockPoolError("a block id appears twice")
         self._num_private -= n
-        if top == 1:  # the usual case: the caller's only reference
-            self.state[ids] = OWNED
+        if top == 0:  # the usual case: the caller's only reference
+            self.state[where] = OWNED
             return []
-        self.state[ids] = states + (OWNED - 1)
-        return ids[states > 1].tolist()
+        shared = states > 1  # before the update: `states` may be a view
+        self.state[where] = states + (OWNED - 1)
+        return self._order[where][shared].tolist()
+
+    def _where(self, block_ids: Sequence[int]) -> slice | np.ndarray:
+        """Where `block_ids` sit in `state`: a slice when they are a run of consecutive ids
+        (what take() hands out from a fresh pool or a freed run; one memcmp tells), else an
+        intp index array. Packed by struct as unsigned 64-bit ints (a negative id raises;
+        ~1.5x faster than np.fromiter), viewed as intp (a uintp index costs a cast per use)."""
+        try:
+            packed = struct.pack(f"{len(block_ids)}Q", *block_ids)
+        except struct.error:
+            raise BlockPoolError("block id out of range") from None
+        first = block_ids[0]
+        end = first + len(block_ids)
+        if end <= self.num_blocks and packed == self._order_bytes[8 * first : 8 * end]:
+            return slice(first, end)
+        return np.frombuffer(packed, dtype=np.intp)
 
     def _has_repeats(self, block_ids: Sequence[int], ids: np.ndarray) -> bool:
         if len(block_ids) <= 256:
             return len(set(block_ids)) != len(block_ids)
-        order = np.arange(len(ids), dtype=np.intp)
+        order = self._order[: len(ids)]
         self._slot[ids] = order  # a repeated id keeps only its last position
         return bool(np.count_nonzero(self._slot[ids] != order))
 
     def release_owned(self, block_ids: Sequence[int]) -> None:
         """The tree drops blocks it owned without private refs: they become free."""
         if len(block_ids):
-            self.state[np.fromiter(block_ids, dtype=np.uintp, count=len(block_ids))] = 0
+            self.state[self._where(block_ids)] = 0
             self._free += block_ids
 
     def free_ids(self) -> list[int]:

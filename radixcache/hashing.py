@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import islice
 
 import numpy as np
 import xxhash
@@ -52,9 +54,11 @@ class Namespace:
         return dataclasses.replace(self, cache_salt=salt)
 
 
-def token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
+def token_bytes(tokens: Sequence[int] | np.ndarray | array) -> bytes:
     """Token ids as little-endian int32 bytes (struct packs Python ints faster than numpy
-    converts them; arrays are converted by numpy)."""
+    converts them; numpy and array("q") ids are converted by numpy, without an int each)."""
+    if type(tokens) is array and tokens.typecode == "q":
+        return np.frombuffer(tokens, dtype=np.int64).astype("<i4").tobytes()
     if isinstance(tokens, np.ndarray):
         return tokens.astype("<i4", copy=False).tobytes()
     return struct.pack(f"<{len(tokens)}i", *tokens)
@@ -62,7 +66,7 @@ def token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
 
 def block_hashes(
     namespace: Namespace,
-    tokens: Sequence[int] | np.ndarray,
+    tokens: Sequence[int] | np.ndarray | array,
     parent_hash: int | None = None,
 ) -> list[int]:
     """Chained xxh3_64 hashes of the full blocks of `tokens`.
@@ -74,15 +78,11 @@ def block_hashes(
     size = namespace.block_size * 4
     data = token_bytes(tokens)
     n = len(data) // size
-    out: list[int] = []
     if n == 0:
-        return out
+        return []
+    blocks = np.frombuffer(data, dtype=f"V{size}", count=n).tolist()  # bytes per block, in C
     if parent_hash is None:
-        h = _xxh3(_ZERO8 + namespace.seed_bytes + data[:size])
+        h = _xxh3(_ZERO8 + namespace.seed_bytes + blocks[0])
     else:
-        h = _xxh3(parent_hash.to_bytes(8, "little") + data[:size])
-    out.append(h)
-    for off in range(size, n * size, size):
-        h = _xxh3(h.to_bytes(8, "little") + data[off : off + size])
-        out.append(h)
-    return out
+        h = _xxh3(parent_hash.to_bytes(8, "little") + blocks[0])
+    return [h, *[h := _xxh3(h.to_bytes(8, "little") + b) for b in islice(blocks, 1, None)]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -76,15 +77,14 @@ def _check_node(cache: CacheParts, node: Node) -> None:
     _require(n > 0, f"{node} holds no blocks")
     _require(len(node.tokens) == n * bs, f"{node} has ragged fields")
     _require(parent.children.get(node.key) is node, f"{node} is not under its key")
-    _require(node.key == tuple(node.tokens[:bs]), f"{node} key is not its first block")
+    _require(node.key == cache.tree.key_of(node.tokens, 0), f"{node} key is not its first block")
     _require(node.ns == parent.ns, f"{node} crosses namespaces")
     _require(node.depth == parent.end_depth, f"{node} depth is off")
     _require(node.lock_ref >= 0 and node.pin_ref >= 0, f"{node} has a negative refcount")
     kids = node.children.values()
     _require(node.lock_ref >= sum(c.lock_ref for c in kids), f"{node} locked less than below")
     _require(node.pin_ref >= sum(c.pin_ref for c in kids), f"{node} pinned less than below")
-    arr = node.token_array
-    _require(arr is None or arr.tolist() == node.tokens, f"{node} array copy of its tokens is off")
+    _require(type(node.tokens) is array and node.tokens.typecode == "q", f"{node} tokens type")
     tree = cache.tree
     if node.hashes is None:
         _require(tree.unhashed.get(node.id) is node, f"{node} is unhashed but not registered")

@@ -12,18 +12,20 @@ sampling *units*, every `unit_blocks`-th block of a chain (at most 64 tokens apa
 in-process chain over the units' tokens, and samples a unit with probability rate * unit_blocks,
 so a share `rate` of the blocks is still sampled. Blocks of one path a few tokens apart are
 reused together, so sampling one block per unit changes the estimate little; a unit costs one
-hash of a <= 64-token tuple, not one per block.
+xxh3 of its <= 64 tokens' bytes, not one per block.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Sequence
 
+import xxhash
 from sortedcontainers import SortedList
 
 DEFAULT_RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 UNIT_TOKENS = 64
-MASK64 = 2**64 - 1
+_xxh3 = xxhash.xxh3_64_intdigest
 
 
 def unit_blocks(sample_rate: float, block_size: int) -> int:
@@ -31,14 +33,15 @@ def unit_blocks(sample_rate: float, block_size: int) -> int:
     return max(1, min(int(1 / sample_rate), UNIT_TOKENS // block_size))
 
 
-def unit_keys(prev: int, tokens: Sequence[int], start: int, end: int, size: int) -> list[int]:
-    """Chained keys of the units tokens[start:end] (`size` tokens each; `prev`: the key of the
-    unit before, or the namespace seed). Python's tuple hash: deterministic for int tuples."""
+def unit_keys(prev: int, tokens: array, start: int, end: int, size: int) -> list[int]:
+    """Chained keys of the units tokens[start:end] of an array("q") (`size` tokens each;
+    `prev`: the key of the unit before, or the namespace seed): xxh3_64 of the unit's bytes,
+    seeded by the key before (deterministic, in-process keys only: never stored)."""
+    data = memoryview(tokens[start:end].tobytes())
+    step = size * tokens.itemsize
     keys = []
-    as_tuple = type(tokens) is not tuple
-    for pos in range(start, end, size):
-        unit = tuple(tokens[pos : pos + size]) if as_tuple else tokens[pos : pos + size]
-        prev = hash((prev, unit)) & MASK64
+    for off in range(0, len(data), step):
+        prev = _xxh3(data[off : off + step], prev)
         keys.append(prev)
     return keys
 

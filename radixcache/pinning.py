@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 from radixcache.hashing import Namespace
 from radixcache.radix_node import Node
 from radixcache.radix_tree import RadixTree
@@ -13,9 +15,9 @@ class PinRegistry:
     def __init__(self, tree: RadixTree, max_blocks: int) -> None:
         self.tree = tree
         self.max_blocks = max_blocks
-        self._held: dict[tuple[Namespace, tuple[int, ...]], list[Node]] = {}
+        self._held: dict[tuple[Namespace, bytes], list[Node]] = {}
 
-    def pin(self, ns: Namespace, tokens: list[int]) -> int:
+    def pin(self, ns: Namespace, tokens: array) -> int:
         """Pin the cached prefix of `tokens` (as much as the cap allows); tokens pinned."""
         n = len(tokens) // self.tree.block_size
         walk = self.tree.walk(ns, tokens, n)
@@ -26,7 +28,7 @@ class PinRegistry:
         self._held.setdefault(self._key(ns, tokens), []).append(node)
         return node.end_depth
 
-    def unpin(self, ns: Namespace, tokens: list[int]) -> int:
+    def unpin(self, ns: Namespace, tokens: array) -> int:
         """Undo one earlier pin of the same tokens; tokens unpinned."""
         key = self._key(ns, tokens)
         held = self._held.get(key)
@@ -38,9 +40,9 @@ class PinRegistry:
         self.tree.add_refs(node, 0, -1)
         return node.end_depth
 
-    def _key(self, ns: Namespace, tokens: list[int]) -> tuple[Namespace, tuple[int, ...]]:
+    def _key(self, ns: Namespace, tokens: array) -> tuple[Namespace, bytes]:
         bs = self.tree.block_size
-        return ns, tuple(tokens[: len(tokens) // bs * bs])
+        return ns, tokens[: len(tokens) // bs * bs].tobytes()
 
     def _trim_to_cap(self, path: list[Node]) -> Node:
         room = self.max_blocks - self.tree.num_pinned

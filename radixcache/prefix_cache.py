@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -27,25 +28,16 @@ from radixcache.results import (
 from radixcache.stats import CacheStats, MissRatioPoint, NamespaceStats, PrefixInfo, prefix_info
 
 
-def _as_tuple(tokens: Sequence[int] | np.ndarray) -> tuple[int, ...]:
-    if isinstance(tokens, np.ndarray):
-        return tuple(tokens.tolist())
-    return tuple(tokens)
-
-
 def _as_tokens(tokens: Sequence[int] | np.ndarray) -> Tokens:
-    """array('q') (or a numpy array, copied into one) stays an array: the tree then compares
-    token runs as memory (memcmp). A list is used as it is (the tree only slices it); anything
-    else becomes a list of ints."""
-    if type(tokens) is list:
-        return tokens
+    """Token ids as the tree holds them: array("q") (the engine's own type, used as it is), so
+    token runs compare as memory (memcmp). Anything else is copied into one, once per call."""
     if type(tokens) is array and tokens.typecode == "q":
         return tokens
     if isinstance(tokens, np.ndarray):
         out = array("q")
         out.frombytes(tokens.astype(np.int64, copy=False).tobytes())
         return out
-    return list(tokens)
+    return array("q", struct.pack(f"{len(tokens)}q", *tokens))  # 2-3x array("q", list)
 
 
 class PrefixCache:
@@ -225,18 +217,18 @@ class PrefixCache:
             return None
         node = self.tree.owner[b]
         i = node.blocks.index(b) * self.block_size
-        same = node.tokens[i : i + self.block_size] == list(_as_tuple(tokens))
+        same = node.tokens[i : i + self.block_size] == _as_tokens(tokens)
         return b if same and node.ns == ns else None
 
     # --- pinning ---
     def pin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
         """Pin the cached prefix of `tokens` (capped by max_pinned_fraction); tokens pinned."""
         self._check_ns(ns)
-        return self.pins.pin(ns, list(_as_tuple(tokens)))
+        return self.pins.pin(ns, _as_tokens(tokens))
 
     def unpin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
         """Undo one earlier pin of the same tokens; tokens unpinned."""
-        return self.pins.unpin(ns, list(_as_tuple(tokens)))
+        return self.pins.unpin(ns, _as_tokens(tokens))
 
     # --- maintenance and analytics ---
     def flush(self, ns: Namespace | None = None) -> list[EvictedBlock]:
@@ -307,8 +299,8 @@ class PrefixCache:
         evicted: list[EvictedBlock] = []
         for v in victims:
             n, ns = len(v.blocks), v.node.ns
-            per_block = zip(*[iter(v.tokens)] * bs, strict=True)  # a tuple of bs tokens per block
-            fields = zip(v.blocks, repeat(ns, n), v.hashes, map(list, per_block), strict=True)  # type: ignore[arg-type]
+            per_block = np.frombuffer(v.tokens, dtype=np.int64).reshape(n, bs).tolist()  # in C
+            fields = zip(v.blocks, repeat(ns, n), v.hashes, per_block, strict=True)  # type: ignore[arg-type]
             evicted += map(new, repeat(EvictedBlock, n), fields)  # EvictedBlock(*f), in C
         self._free_victims(victims)
         return evicted

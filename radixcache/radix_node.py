@@ -15,7 +15,9 @@ class Node:
     `hashes[i]` is the chained hash of block i, or `hashes` is None until someone needs them
     (RadixTree.hash_path computes them once; a hashed node's ancestors are hashed too).
     `depth` counts the tokens above this node.
-    `key` is the node's first block's tokens (its slot in `parent.children`).
+    `tokens` is an array("q") (token runs compare as memory). `key` is the node's slot in
+    `parent.children`: its first block's tokens (RadixTree.key_of: the token id at block size 1,
+    else the block's bytes).
     `lock_ref`/`pin_ref` count the handles that hold the path root..this node.
     `prio` is the eviction priority the policy gave it (lower goes first); `tail_prio`, when the
     policy sets it, is the priority of the node's last block until that block is first read or
@@ -32,7 +34,6 @@ class Node:
         "children",
         "blocks",
         "tokens",
-        "token_array",
         "hashes",
         "depth",
         "lock_ref",
@@ -54,9 +55,9 @@ class Node:
         node_id: int,
         ns: Namespace | None,
         parent: Node | None,
-        key: tuple[int, ...],
+        key: int | bytes,
         blocks: list[int],
-        tokens: list[int],
+        tokens: array,
         hashes: tuple[int, ...] | None,
         depth: int,
     ) -> None:
@@ -64,10 +65,9 @@ class Node:
         self.ns = ns
         self.parent = parent
         self.key = key
-        self.children: dict[tuple[int, ...], Node] = {}
+        self.children: dict[int | bytes, Node] = {}
         self.blocks = blocks
         self.tokens = tokens
-        self.token_array: array | None = None  # tokens as array("q"), for callers that pass arrays
         self.hashes = hashes
         self.depth = depth
         self.lock_ref = 0

@@ -1,7 +1,8 @@
 """Radix tree at block granularity: match, insert, split, lock/pin refcounts, leaf eviction.
 
-A node holds its run of blocks as tuples (block ids, tokens), so matching, splitting and cutting
-cost C-level slices and compares, not a Python step per block. Chained block hashes are
+A node holds its run of blocks as a list of block ids and an array("q") of tokens, so matching,
+splitting and cutting cost C-level slices and memory compares, not a Python step per block.
+Token ids reach the tree as array("q") (PrefixCache converts anything else once, at its door). Chained block hashes are
 computed lazily, once per block (`hash_path`): only blocks that are spilled, published, looked
 up by hash, or read by a policy that keys on hashes need one. The hash index (hash -> block id)
 and `owner` (block id -> node) hold exactly the hashed blocks; a hashed node's ancestors are
@@ -23,7 +24,7 @@ from radixcache.policy import EvictionPolicy
 from radixcache.radix_node import Node
 
 HashFn = Callable[[Namespace, Sequence[int], "int | None"], list[int]]
-Tokens = list[int] | array  # array("q"): token runs are compared as memory
+Tokens = array  # array("q"): token runs are compared as memory
 
 
 class Walk(NamedTuple):
@@ -39,7 +40,7 @@ class Victim(NamedTuple):
     node: Node
     blocks: list[int]
     hashes: tuple[int, ...] | None  # None: never hashed, and the caller did not ask
-    tokens: list[int]  # tokens of `blocks`, block_size per block
+    tokens: array  # tokens of `blocks`, block_size per block
 
 
 class BlockNodes:
@@ -105,7 +106,7 @@ class RadixTree:
     def root(self, ns: Namespace) -> Node:
         root = self.roots.get(ns)
         if root is None:
-            root = self.roots[ns] = self._new_node(ns, None, (), [], [], (), 0)
+            root = self.roots[ns] = self._new_node(ns, None, b"", [], array("q"), (), 0)
         return root
 
     def walk(
@@ -121,18 +122,17 @@ class RadixTree:
         With split=False the tree is left as is: `node` is then the deepest fully matched node
         and `partial` the child matched part-way. With `ids` (an insert's block ids), a child
         whose blocks are exactly ids at its position is taken without comparing its tokens:
-        the caller got those ids from a match of the same tokens (their KV is the tree's).
-        `tokens` as array("q") is compared with each node's array copy (memcmp)."""
+        the caller got those ids from a match of the same tokens (their KV is the tree's)."""
         bs = self.block_size
         end = num_blocks * bs
         node = self.root(ns)
         pos, blocks, path, by_ids = 0, [], [], ids is not None
-        as_array = type(tokens) is array
         while pos < end:
-            child = node.children.get(tuple(tokens[pos : pos + bs]))
+            key = tokens[pos] if bs == 1 else tokens[pos : pos + bs].tobytes()
+            child = node.children.get(key)
             if child is None:
                 break
-            stored = self.token_array(child) if as_array else child.tokens
+            stored = child.tokens
             size = len(stored)
             if (
                 pos + size <= end
@@ -202,26 +202,33 @@ class RadixTree:
             if listed:
                 self._list(node)
 
-    @staticmethod
-    def token_array(node: Node) -> array:
-        """The node's tokens as array("q"), made on first use (callers that pass arrays)."""
-        if node.token_array is None:
-            node.token_array = array("q", node.tokens)
-        return node.token_array
+    def key_of(self, tokens: Tokens, pos: int) -> int | bytes:
+        """The children key of the block at tokens[pos:]: its token at block size 1, else its
+        bytes (hashing a bytes object is one C call; a tuple would need an int per token)."""
+        bs = self.block_size
+        return tokens[pos] if bs == 1 else tokens[pos : pos + bs].tobytes()
 
     # --- hashes ---
     def hash_path(self, node: Node) -> tuple[int, ...]:
         """The chained hashes of `node`, computing them (and its ancestors') if not done yet."""
-        target, chain = node, []
-        while node.hashes is None:  # the root's are ()
-            chain.append(node)
-            node = node.parent  # type: ignore[assignment]
+        if node.hashes is None:
+            self._set_hashes(node, self._own_hashes(node))
+        return node.hashes  # type: ignore[return-value]
+
+    def _own_hashes(self, node: Node) -> tuple[int, ...]:
+        """The chained hashes of unhashed `node` (its ancestors are hashed first), not set."""
+        chain, parent = [], node.parent
+        while parent.hashes is None:  # type: ignore[union-attr]  # the root's are ()
+            chain.append(parent)
+            parent = parent.parent  # type: ignore[union-attr]
         for n in reversed(chain):
-            parent = n.parent
-            assert parent is not None
-            parent_hash = parent.hashes[-1] if parent.hashes else None
-            self._set_hashes(n, tuple(self.hash_fn(n.ns, n.tokens, parent_hash)))  # type: ignore[arg-type]
-        return target.hashes  # type: ignore[return-value]
+            self._set_hashes(n, self._chained(n))
+        return self._chained(node)
+
+    def _chained(self, node: Node) -> tuple[int, ...]:
+        parent_hashes = node.parent.hashes  # type: ignore[union-attr]
+        parent_hash = parent_hashes[-1] if parent_hashes else None
+        return tuple(self.hash_fn(node.ns, node.tokens, parent_hash))  # type: ignore[arg-type]
 
     def hash_all(self) -> None:
         for node in list(self.unhashed.values()):
@@ -254,12 +261,8 @@ class RadixTree:
         bs = self.block_size
         start = parent.end_depth
         own = tokens[start : start + len(blocks) * bs]
-        own_array = None
-        if type(own) is array:
-            own_array, own = own, own.tolist()
-        key = tuple(own[:bs])
+        key = own[0] if bs == 1 else own[:bs].tobytes()
         node = self._new_node(parent.ns, parent, key, blocks, own, None, start)
-        node.token_array = own_array
         parent.children[key] = node
         self.num_cached += len(blocks)
         self.unhashed[node.id] = node
@@ -298,10 +301,7 @@ class RadixTree:
         node.tokens_saved -= upper.tokens_saved
         parent.children[node.key] = upper
         node.blocks, node.tokens = node.blocks[k:], node.tokens[k * bs :]
-        if node.token_array is not None:
-            upper.token_array = node.token_array[: k * bs]
-            node.token_array = node.token_array[k * bs :]
-        node.key, node.parent, node.depth = tuple(node.tokens[:bs]), upper, upper.end_depth
+        node.key, node.parent, node.depth = self.key_of(node.tokens, 0), upper, upper.end_depth
         upper.children[node.key] = node
         if hashes is None:
             self.unhashed[upper.id] = upper
@@ -385,7 +385,10 @@ class RadixTree:
     def _cut_tail(self, node: Node, n: int, with_hashes: bool) -> Victim:
         bs = self.block_size
         keep = len(node.blocks) - n
-        hashes = self.hash_path(node) if with_hashes else node.hashes
+        hashes = node.hashes
+        fresh = hashes is None and with_hashes  # hashed now: only the kept part gets indexed
+        if fresh:
+            hashes = self._own_hashes(node)
         victim = Victim(
             node,
             node.blocks[keep:],
@@ -393,10 +396,11 @@ class RadixTree:
             node.tokens[keep * bs :],
         )
         node.blocks, node.tokens = node.blocks[:keep], node.tokens[: keep * bs]
-        if node.token_array is not None:
-            node.token_array = node.token_array[: keep * bs]
         self.num_cached -= n
-        if hashes is not None:
+        if fresh:
+            if keep:
+                self._set_hashes(node, hashes[:keep])  # type: ignore[index]
+        elif hashes is not None:
             node.hashes = hashes[:keep]
             self._unindex(victim)
         if node.units:

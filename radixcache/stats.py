@@ -74,7 +74,7 @@ def prefix_info(node: Node, preview: int) -> PrefixInfo:
     for part in node.path():
         if len(tokens) >= preview:
             break
-        tokens += part.tokens[: preview - len(tokens)]  # tuple slice onto the list
+        tokens += part.tokens[: preview - len(tokens)]  # an array("q") slice onto the list
     assert node.ns is not None
     return PrefixInfo(
         namespace=node.ns,

@@ -35,3 +35,26 @@ def test_adopted_block_is_not_freed_by_private_refs():
     assert pool.num_free() == 1  # owned by the tree, not free
     pool.release_owned([b])
     assert pool.num_free() == 2
+
+
+@pytest.mark.parametrize("n", [3, 300])  # the set and the scatter repeat checks
+def test_adopt_checks_runs_and_scattered_ids_alike(n: int):
+    pool = BlockPool(4 * n)
+    run = pool.take(2 * n)  # consecutive ids: checked through a slice
+    scattered = run[::2]
+    assert pool.adopt_many(scattered) == [] and pool.owned(scattered[-1])
+    rest = run[1::2]
+    with pytest.raises(BlockPoolError):
+        pool.adopt_many(rest + [rest[0]])  # a repeat
+    with pytest.raises(BlockPoolError):
+        pool.adopt_many(rest + [scattered[0]])  # owned already
+    with pytest.raises(BlockPoolError):
+        pool.adopt_many([-1] + rest)
+    with pytest.raises(BlockPoolError):
+        pool.adopt_many(rest + [4 * n])
+    assert pool.num_private() == n  # nothing changed by the failed calls
+    more = pool.take(n)
+    pool.incref(more[:1])
+    assert pool.adopt_many(more) == more[:1]  # a second holder remains
+    pool.release_owned(scattered)
+    assert pool.num_free() == 4 * n - 3 * n + n

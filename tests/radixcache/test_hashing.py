@@ -37,6 +37,19 @@ def test_numpy_and_list_inputs_agree():
     assert block_hashes(NS, np.array(tokens, dtype=np.int64)) == block_hashes(NS, tokens)
 
 
+def test_array_input_agrees_with_the_formula_at_block_size_1_and_4():
+    from array import array
+
+    tokens = [0, 256, 7, 0, 65536, 0, 0, 0, 3, 1 << 20, 0, 9]  # zero bytes at block ends
+    for ns in (NS, Namespace("model-a", "bfloat16", 1)):
+        want = _reference(ns, tokens, None) if ns.block_size == 4 else None
+        got = block_hashes(ns, array("q", tokens))
+        assert got == block_hashes(ns, tokens) == block_hashes(ns, np.array(tokens))
+        assert want is None or got == want
+        tail = block_hashes(ns, array("q", tokens[ns.block_size :]), parent_hash=got[0])
+        assert tail == got[1:]
+
+
 def test_namespace_fields_all_change_the_seed():
     variants = [
         NS,
