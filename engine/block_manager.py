@@ -53,6 +53,7 @@ class BlockManager:
         last_hash = self._match(seq)
         if self.tiers is not None and seq.num_computed_tokens < seq.num_tokens - 1:
             self._load_back(seq, last_hash, self.tiers)
+        self._reuse_last_block(seq)
         needed = min(num_new_tokens, seq.num_tokens - seq.num_computed_tokens)
         if not self.allocate(seq, needed):
             self.release(seq)
@@ -75,6 +76,26 @@ class BlockManager:
             seq.num_cached_tokens = match.num_tokens
             seq.cached_by_tier = {"device": match.num_tokens}
         return match.last_hash
+
+    def _reuse_last_block(self, seq: Sequence) -> None:
+        """A sequence whose every block is cached (it ends on a block boundary, so the match of
+        tokens[:-1] stopped one block short): copy the tree's last block into a private one and
+        compute only the last token (for its logits) instead of the whole block again."""
+        bs = self.block_size
+        if seq.num_tokens % bs or seq.num_computed_tokens != seq.num_tokens - bs:
+            return
+        if self.cache.num_free_blocks() < 1:  # taking one must not evict the block to copy
+            return
+        full = self.cache.peek(seq.request.namespace, seq.token_ids)
+        if full.num_tokens != seq.num_tokens:
+            return
+        (copy,) = self.cache.allocate(1)
+        self.kv_cache.copy_block(full.block_ids[-1], copy)
+        seq.block_ids.append(copy)
+        seq.num_computed_tokens = seq.num_tokens - 1
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens += bs - 1
+            seq.cached_by_tier["device"] = seq.cached_by_tier.get("device", 0) + bs - 1
 
     def _load_back(self, seq: Sequence, last_hash: int | None, tiers: KVTiers) -> None:
         """Loads the longest run of following full blocks of tokens[:-1] from the tiers into new

@@ -191,3 +191,20 @@ def test_request_blocked_by_pinned_blocks_is_aborted_not_spun(tiny_llama):
     cache.unpin(llm.engine.namespace, prompt)
     assert llm.generate([_tokens(40, 41)], GREEDY)[0].outputs[0].finish_reason == "length"
     _assert_all_released(llm)
+
+
+@pytest.mark.parametrize("length, computed", [(24, 1), (23, 3)])
+def test_a_fully_cached_prompt_computes_only_its_last_token(make_llm, length, computed):
+    """4-token blocks: a repeat of a block-aligned prompt copies the tree's last block and
+    computes one token; an unaligned one computes the tail no full block holds."""
+    llm = make_llm(num_blocks=64)
+    prompt = [(7 * i + 3) % 250 + 3 for i in range(length)]
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    cold = llm.generate([prompt], params)[0]
+    before = llm.engine.stats.prefill_tokens
+    warm = llm.generate([prompt], params)[0]
+    assert llm.engine.stats.prefill_tokens - before == computed
+    assert warm.num_cached_tokens == length - computed
+    assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+    llm.engine.check_integrity()  # raises on a leak or a broken invariant
+    assert llm.engine.cache_stats().referenced == 0
