@@ -110,3 +110,18 @@ def metric(text: str, name: str, labels: str = "") -> float:
     found = re.search(r"^" + pattern + "$", text, re.MULTILINE)
     assert found is not None, f"{name}{labels} missing"
     return float(found.group(1))
+
+
+def flush_until_in_tier(
+    client: httpx.Client, prompt: str, tier: str, timeout_s: float = 30
+) -> None:
+    """Empty the device cache into the tiers (write-back) and poll the lookup until some of
+    `prompt`'s blocks are in `tier` (the writes are asynchronous)."""
+    client.post("/v1/cache/flush", json={})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = client.post("/v1/cache/lookup", json={"prompt": prompt}).json()
+        if found["cached_tokens_by_tier"].get(tier, 0) > 0:
+            return
+        assert time.monotonic() < deadline, f"no block of the prompt reached the {tier} tier"
+        time.sleep(0.02)  # polling interval

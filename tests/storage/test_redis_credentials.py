@@ -3,7 +3,6 @@ never appears in the server's output, stats, metrics or errors, also while Redis
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -11,7 +10,7 @@ import pytest
 
 from storage.config import TierConfig
 from storage.redis_nodes import redacted_url
-from tests.api.servers import fresh_text
+from tests.api.servers import flush_until_in_tier, fresh_text
 from tests.redis_server import RedisServer
 from tests.serve_process import ServeProcess
 
@@ -40,14 +39,7 @@ def test_password_works_and_never_shows(tiny_llama: Path, tmp_path: Path) -> Non
             prompt = fresh_text(64, seed=7)
             body = {"model": tiny_llama.name, "prompt": prompt, "max_tokens": 2, "temperature": 0}
             assert client.post("/v1/completions", json=body).status_code == 200
-            client.post("/v1/cache/flush", json={})  # device -> Redis (write-back)
-            deadline = time.monotonic() + 30
-            while True:  # the writes are asynchronous: poll the lookup
-                found = client.post("/v1/cache/lookup", json={"prompt": prompt}).json()
-                if found["cached_tokens_by_tier"].get("redis", 0) > 0:
-                    break
-                assert time.monotonic() < deadline, "no block reached the protected Redis"
-                time.sleep(0.02)  # polling interval
+            flush_until_in_tier(client, prompt, "redis")
             seen += [client.get("/v1/cache/stats").text, client.get("/metrics").text]
             redis_server.kill()  # errors now: the tier degrades, the answers stay right
             assert client.post("/v1/completions", json=body).status_code == 200

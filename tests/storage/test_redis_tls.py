@@ -4,7 +4,6 @@ degrades to recomputation, and no credential shows in the banner, stats, metrics
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -13,7 +12,7 @@ import pytest
 from radixcache.hashing import Namespace
 from storage.redis_nodes import ClusterAddress, parse_cluster_url, redacted_url
 from storage.redis_tier import RedisTier
-from tests.api.servers import fresh_text
+from tests.api.servers import flush_until_in_tier, fresh_text
 from tests.redis_cluster import running_cluster
 from tests.redis_server import RedisServer, TlsFiles, make_tls_files
 from tests.serve_process import ServeProcess
@@ -111,14 +110,7 @@ def test_serve_over_tls_with_credentials(tiny_llama: Path, tmp_path: Path, tls_r
             body = {"model": tiny_llama.name, "prompt": prompt, "max_tokens": 4, "temperature": 0}
             first = client.post("/v1/completions", json=body)
             assert first.status_code == 200
-            client.post("/v1/cache/flush", json={})  # device -> Redis over TLS (write-back)
-            deadline = time.monotonic() + 30
-            while True:  # the writes are asynchronous: poll the lookup
-                found = client.post("/v1/cache/lookup", json={"prompt": prompt}).json()
-                if found["cached_tokens_by_tier"].get("redis", 0) > 0:
-                    break
-                assert time.monotonic() < deadline, "no block reached the TLS Redis"
-                time.sleep(0.02)  # polling interval
+            flush_until_in_tier(client, prompt, "redis")
             again = client.post("/v1/completions", json=body).json()
             assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
             assert again["choices"][0]["text"] == first.json()["choices"][0]["text"]
