@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+
+from benchmarks.processes import free_port, spawn, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "serving.json"
@@ -49,12 +50,6 @@ class Result:
 # ---------------------------------------------------------------- the server
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(args: argparse.Namespace, cache: bool) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--no-disk"]
@@ -63,29 +58,14 @@ def start_server(args: argparse.Namespace, cache: bool) -> tuple[subprocess.Pope
         cmd += ["--model", args.model]
     if not cache:
         cmd.append("--no-prefix-caching")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+    proc = spawn(cmd)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)  # polling interval
-    proc.kill()
-    raise RuntimeError("server did not become healthy")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
+        wait_healthy(url, proc, timeout_s=300)
+    except RuntimeError:
         proc.kill()
-        proc.wait()
+        raise
+    return proc, url
 
 
 # ---------------------------------------------------------------- one request
@@ -302,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = asyncio.run(bench(args, {c: url for c, (_, url) in servers.items()}, vocab))
     finally:
         for proc, _ in servers.values():
-            stop_server(proc)
+            stop(proc)
     report = {
         "benchmark": "serving",
         "model": Path(args.model).name,

@@ -21,13 +21,12 @@ def free_port() -> int:
 
 
 def spawn(cmd: list[str], core: str | None = None, env: dict[str, str] | None = None):
-    """cmd from the repository root (pinned to `core` with taskset when given), output dropped."""
+    """cmd from the repository root (pinned to `core` with taskset when given); stdout dropped,
+    stderr kept (a server that fails to start says why)."""
     if core is not None and shutil.which("taskset"):
         cmd = ["taskset", "-c", core, *cmd]
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:

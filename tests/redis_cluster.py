@@ -26,7 +26,8 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from tests.redis_server import STARTUP_TIMEOUT_S, RedisServer, TlsFiles, free_port
+from tests.ports import free_port
+from tests.redis_server import STARTUP_TIMEOUT_S, RedisServer, TlsFiles
 
 NODE_TIMEOUT_MS = 500
 POLL_S = 0.02  # poll interval while waiting for the cluster to reach a state

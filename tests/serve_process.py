@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,13 +11,9 @@ from pathlib import Path
 
 import httpx
 
+from tests.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServeProcess:
@@ -56,3 +51,11 @@ class ServeProcess:
     def output(self) -> str:
         out, _ = self.proc.communicate(timeout=60)
         return out
+
+
+def tiny_redis_serve(model: Path, redis_url: str, home: Path) -> ServeProcess:
+    """`radixcache serve` of a tiny model (float32, 4-token blocks, 32 device blocks) over one
+    Redis tier and no disk, logging at info (the banner names the tier)."""
+    args = ["--model", str(model), "--dtype", "float32", "--block-size", "4", "--num-blocks", "32"]
+    args += ["--no-disk", "--redis-url", redis_url, "--log-level", "info"]
+    return ServeProcess(args, home)

@@ -246,9 +246,11 @@ def build_torch_plan(
     if native_prefill:
         cu = np.zeros(len(query_lens) + 1, dtype=np.int64)
         np.cumsum(query_lens, out=cu[1:])
-        single = 0 if invariant else 1  # sequences with this many new tokens are decodes
-        decodes = [b for b, n in enumerate(query_lens) if n == single]
-        prefills = [b for b, n in enumerate(query_lens) if n > single]
+        if invariant:  # every sequence through the prefill kernel, one-token steps included
+            decodes, prefills = [], list(range(len(query_lens)))
+        else:
+            decodes = [b for b, n in enumerate(query_lens) if n == 1]
+            prefills = [b for b, n in enumerate(query_lens) if n > 1]
         if prefills:
             plan.native_prefill = _native_prefill(prefills, cu, meta, device)
         if decodes:

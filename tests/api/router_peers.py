@@ -21,15 +21,10 @@ import zmq
 
 from api.router.app import create_router_app
 from api.router.config import RouterConfig
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(check: Any, timeout_s: float = 30.0, what: str = "condition") -> None:

@@ -21,8 +21,8 @@ from storage.config import TierConfig
 from storage.redis_nodes import ClusterAddress, parse_cluster_url
 from storage.redis_tier import RedisTier
 from storage.tiered import TieredStore
+from tests.ports import free_port
 from tests.redis_cluster import ClusterNode, RedisClusterServers, running_cluster
-from tests.redis_server import free_port
 from tests.storage.blocks import chain, encoded
 from tests.tier_workload import (
     DEVICE_BLOCKS,

@@ -12,7 +12,7 @@ from storage.config import TierConfig
 from storage.redis_nodes import redacted_url
 from tests.api.servers import flush_until_in_tier, fresh_text
 from tests.redis_server import RedisServer
-from tests.serve_process import ServeProcess
+from tests.serve_process import tiny_redis_serve
 
 SECRET = "s3cret-Pa55word"
 
@@ -29,9 +29,7 @@ def test_password_works_and_never_shows(tiny_llama: Path, tmp_path: Path) -> Non
     redis_server = RedisServer(tmp_path / "redis", password=SECRET)
     (tmp_path / "redis").mkdir()
     redis_server.start()
-    args = ["--model", str(tiny_llama), "--dtype", "float32", "--block-size", "4"]
-    args += ["--num-blocks", "32", "--no-disk", "--redis-url", redis_server.url]
-    server = ServeProcess([*args, "--log-level", "info"], tmp_path / "home")
+    server = tiny_redis_serve(tiny_llama, redis_server.url, tmp_path / "home")
     seen: list[str] = []
     try:
         server.wait_healthy()

@@ -67,7 +67,7 @@ def test_breaker_opens_on_kill_answers_fast_and_recovers(
 
 
 def test_unreachable_at_start_is_a_miss(ns: Namespace) -> None:
-    from tests.redis_server import free_port
+    from tests.ports import free_port
 
     tier = RedisTier(f"redis://127.0.0.1:{free_port()}/0", socket_timeout_s=0.2)
     assert tier.get(ns, chain(ns, 2)) == [None, None]

@@ -15,7 +15,7 @@ from storage.redis_tier import RedisTier
 from tests.api.servers import flush_until_in_tier, fresh_text
 from tests.redis_cluster import running_cluster
 from tests.redis_server import RedisServer, TlsFiles, make_tls_files
-from tests.serve_process import ServeProcess
+from tests.serve_process import tiny_redis_serve
 from tests.storage.blocks import chain, encoded
 
 USER, SECRET = "alice", "tls-S3cret-pw"
@@ -99,9 +99,7 @@ def test_tier_on_a_tls_cluster(tmp_path: Path, tls: TlsFiles) -> None:
 
 @pytest.mark.slow
 def test_serve_over_tls_with_credentials(tiny_llama: Path, tmp_path: Path, tls_redis) -> None:
-    args = ["--model", str(tiny_llama), "--dtype", "float32", "--block-size", "4"]
-    args += ["--num-blocks", "32", "--no-disk", "--redis-url", tls_redis.url]
-    server = ServeProcess([*args, "--log-level", "info"], tmp_path / "home")
+    server = tiny_redis_serve(tiny_llama, tls_redis.url, tmp_path / "home")
     seen: list[str] = []
     try:
         server.wait_healthy()
