@@ -109,7 +109,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--deterministic",
         action="store_true",
         help="outputs bit-identical whatever the batch, chunking or cache hits (every token's "
-        "attention through the native prefill kernel; CPU)",
+        "attention through the native prefill kernel, matmuls in row-invariant calls; CPU)",
     )
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     g.add_argument(

@@ -95,7 +95,7 @@ def measure_peaks(reps: int = 5) -> dict[str, float]:
     """This CPU's bf16 matmul rate (packed oneDNN weight, a prefill-sized [2048 x 576] @
     [576 x 3072] product, the model's largest) and memory bandwidth (a 256 MiB copy, read +
     written bytes), at the current torch thread count: what engine figures are read against."""
-    from engine.models.llama import linear, pack_weight
+    from engine.models.packed_linear import linear, pack_weight
 
     x = torch.randn(2048, 576, dtype=torch.bfloat16)
     w = torch.randn(3072, 576, dtype=torch.bfloat16)

@@ -34,7 +34,8 @@ class EngineConfig:
     kv_events: KVEventsConfig | None = None  # publish changes of the cached set (ZMQ, vLLM format)
     seed: int = 0  # global sampling seed for requests without their own seed
     # outputs bit-identical whatever the batch, the chunking or the cache hits (every token's
-    # attention through the native prefill kernel's fixed tiles; see make_attention_backend)
+    # attention through the native prefill kernel's fixed tiles, see make_attention_backend;
+    # matmuls in calls of a row count this CPU's kernels agree on, see packed_linear)
     deterministic: bool = False
 
     def __post_init__(self) -> None:

@@ -13,6 +13,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata, make_attention_backend
 from engine.models.config import ModelConfig
+from engine.models.packed_linear import PackedWeight, linear, pack_weight
 from engine.models.rope import RotaryEmbedding, apply_rope
 
 
@@ -24,35 +25,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-
-
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """oneDNN's blocked layout of a [out, in] weight (saves a reorder on every CPU matmul)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight, None)
-
-
-def padded_rows(m: int) -> int:
-    """The row count a packed matmul runs with: powers of two up to 64, then multiples of 64.
-
-    oneDNN caches one primitive per shape (up to 1,024, with their scratch memory); ragged batches
-    have a new row count almost every step, so unpadded the cache grows the process by hundreds of MB
-    and each new shape pays a primitive creation."""
-    if m <= 64:
-        return 1 << (m - 1).bit_length()
-    return -(-m // 64) * 64
-
-
-def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed
-) -> torch.Tensor:
-    if packed is None:
-        return F.linear(x, weight, bias)
-    m = x.shape[0]
-    rows = padded_rows(m)
-    if rows != m:
-        x = F.pad(x, (0, 0, 0, rows - m))  # x: [m, in] -> [rows, in], zero rows at the end
-    out = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    return out if rows == m else out[:m]
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -82,13 +54,14 @@ class DecoderLayer(nn.Module):
         self.gate_up_bias = _param(2 * c.intermediate_size, **kw) if c.mlp_bias else None
         self.down_proj = _param(c.hidden_size, c.intermediate_size, **kw)
         self.down_bias = _param(c.hidden_size, **kw) if c.mlp_bias else None
-        self.packed: dict[str, torch.Tensor] = {}  # projection name -> oneDNN weight (CPU bf16)
+        self.packed: dict[str, PackedWeight] = {}  # projection name -> oneDNN weight (CPU)
 
-    def prepack(self) -> None:
+    def prepack(self, invariant: bool = False) -> None:
         """Swap the projection weights for oneDNN-packed copies (the plain ones are freed)."""
         for name in _PROJECTIONS:
-            self.packed[name] = pack_weight(getattr(self, name).data)
-            getattr(self, name).data = torch.empty(0, dtype=self.packed[name].dtype)
+            weight = getattr(self, name).data
+            self.packed[name] = pack_weight(weight, invariant)
+            getattr(self, name).data = torch.empty(0, dtype=weight.dtype)
 
     def forward(
         self,
@@ -147,7 +120,8 @@ class LlamaForCausalLM(nn.Module):
             if config.tie_word_embeddings
             else _param(config.vocab_size, config.hidden_size, **kw)
         )
-        self.packed_lm_head: torch.Tensor | None = None
+        self.packed_lm_head: PackedWeight | None = None
+        self.invariant = invariant  # packed matmuls capped to row counts that keep rows' bits
         self.rope = RotaryEmbedding(config, dtype, device)
         self.attention = attention or make_attention_backend(
             device, dtype=dtype, head_dim=config.head_dim, invariant=invariant
@@ -182,8 +156,8 @@ class LlamaForCausalLM(nn.Module):
             return False
         try:  # a layer packs name by name, so a failure leaves every layer usable
             for layer in self.layers:
-                layer.prepack()
-            self.packed_lm_head = pack_weight(self.lm_head.data)
+                layer.prepack(self.invariant)
+            self.packed_lm_head = pack_weight(self.lm_head.data, self.invariant)
         except RuntimeError:
             return False
         return True

@@ -3,9 +3,11 @@ the bit) are the same whether a prefix was computed in this request, in another 
 reused from the device tree, or loaded back from host, disk or Redis.
 
 `deterministic=True` sends every token through the native prefill kernel (fixed 64-key tiles from
-position 0, summed in order); linear layers and norms are per-row here (oneDNN's packed float32 and
-the bf16 path give a row the same bits at every row count). The default mode keeps the decode
-kernel for one-token steps: greedy tokens still agree, logprobs may differ in the last bits."""
+position 0, summed in order) and every packed matmul through calls of at most the row count this
+CPU's oneDNN kernels agree on (engine/models/packed_linear.py: on AMX a row's bits change with the
+rows of its call); norms and pointwise ops are per-row. The default mode keeps the decode kernel
+for one-token steps and whole-batch matmuls: greedy tokens still agree, logprobs may differ in
+the last bits."""
 
 from __future__ import annotations
 

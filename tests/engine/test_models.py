@@ -245,8 +245,24 @@ def test_default_backend_uses_the_native_kernels_in_both_dtypes(pair):
     assert bf16.native is not None and bf16.native_prefill
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_an_invariant_packed_matmul_gives_a_row_the_same_bits_at_every_row_count(dtype):
+    """On AMX CPUs oneDNN switches kernels with the row count (a row's bits change from 64 rows
+    on): packed for a deterministic engine, a matmul runs in calls of at most the probed cap."""
+    from engine.models.packed_linear import linear, pack_weight
+
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(3072, 576, generator=gen) * 0.05).to(dtype)  # the default model's MLP
+    packed = pack_weight(weight, invariant=True)
+    assert packed.max_rows >= 1
+    x = torch.randn(700, 576, generator=gen).to(dtype)
+    one_by_one = torch.cat([linear(x[i : i + 1], weight, None, packed) for i in range(700)])
+    for m in (2, 5, 33, 64, 100, 577, 700):
+        assert torch.equal(linear(x[:m], weight, None, packed), one_by_one[:m]), m
+
+
 def test_packed_matmuls_see_few_row_counts_and_keep_every_row():
-    from engine.models.llama import linear, pack_weight, padded_rows
+    from engine.models.packed_linear import linear, pack_weight, padded_rows
 
     assert [padded_rows(m) for m in (1, 2, 3, 5, 16, 17, 64, 65, 130)] == [
         1, 2, 4, 8, 16, 32, 64, 128, 192,
