@@ -175,18 +175,19 @@ def conversation(sizer, rng: random.Random, tokens: int = 4096) -> list[dict]:
     """A chat of about `tokens` tokens: a 512-token system prompt, then turns of a 256-token
     message and a 64-token answer, ending with a message. `sizer` is a PromptTokenizer other than
     the one measured (whose own word cache would make a first sight look cheaper)."""
-    msgs = [{"role": "system", "content": random_text(sizer._tok, 512, rng)}]
+    msgs = [{"role": "system", "content": random_text(sizer.hf_tokenizer, 512, rng)}]
     while True:
-        msgs.append({"role": "user", "content": random_text(sizer._tok, 256, rng)})
+        msgs.append({"role": "user", "content": random_text(sizer.hf_tokenizer, 256, rng)})
         if len(sizer.chat(msgs)) >= tokens:
             return msgs
-        msgs.append({"role": "assistant", "content": random_text(sizer._tok, 64, rng)})
+        msgs.append({"role": "assistant", "content": random_text(sizer.hf_tokenizer, 64, rng)})
 
 
 def overhead_4096(model_dir: Path, repeats: int = 20) -> dict:
     """Median router time for one ~4,096-token chat: `seen_before` (the same prompt again),
     `next_turn` (the router saw the conversation up to its previous message: the last answer and
-    the new message are new, about 8% of the prompt) and `fully_new` (nothing seen before)."""
+    the new message are new, about 8% of the prompt, and are tokenized after routing) and
+    `fully_new` (nothing seen before)."""
     from api.router.index import ReplicaIndex
     from api.router.policy import Balance, Router
     from api.router.replicas import Replica, ReplicaSpec
@@ -206,28 +207,36 @@ def overhead_4096(model_dir: Path, repeats: int = 20) -> dict:
     seen = {"fully_new": None, "next_turn": lambda m: m[:-2], "seen_before": lambda m: m}
     out: dict[str, float] = {}
     for label, earlier in seen.items():
-        tokenize, route, cpu, new = [], [], [], []
+        tokenize, route, cpu, new, deferred = [], [], [], [], []
         for msgs in chats:
             tok.segments.clear()
             if earlier is not None:
                 tok.chat(earlier(msgs))
             misses = tok.segments.misses
+            # the router's path (api/router/app.py): ids to route on, choose, note what was sent
             t0, c0 = time.perf_counter(), time.thread_time()
-            tokens = tok.chat(msgs)
+            tokens, tail = tok.chat_for_routing(msgs)
             t1 = time.perf_counter()
             decision = router.choose(replicas, tokens)
-            t2, c2 = time.perf_counter(), time.thread_time()
             decision.replica.sent(tokens)
+            t2, c2 = time.perf_counter(), time.thread_time()
+            # after it: the tail, tokenized while the replica works
+            if tail:
+                decision.replica.sent(tokens + tok.segments.encode(tail))
+            t3 = time.perf_counter()
             tokenize.append((t1 - t0) * 1e6)
             route.append((t2 - t1) * 1e6)
             cpu.append((c2 - c0) * 1e6)
+            deferred.append((t3 - t2) * 1e6)
             new.append(tok.segments.misses - misses)
-        out[f"{label}_tokens"] = len(tokens)
+        out[f"{label}_tokens"] = len(tokens) + len(tok.segments.encode(tail))
+        out[f"{label}_routed_on_tokens"] = len(tokens)
         out[f"{label}_new_stretches"] = float(np.median(new))
         out[f"{label}_tokenize_us"] = round(float(np.median(tokenize)), 1)
         out[f"{label}_route_us"] = round(float(np.median(route)), 1)
         out[f"{label}_total_us"] = round(float(np.median(tokenize) + np.median(route)), 1)
         out[f"{label}_cpu_us"] = round(float(np.median(cpu)), 1)
+        out[f"{label}_deferred_us"] = round(float(np.median(deferred)), 1)
     out["segmented"] = tok.segments.segmented
     return out
 
@@ -235,7 +244,8 @@ def overhead_4096(model_dir: Path, repeats: int = 20) -> dict:
 def print_overhead(extra: dict) -> None:
     print(
         f"router time for a ~{extra['fully_new_tokens']}-token chat prompt (median of 20, "
-        f"tokenize + route, wall and CPU, in this process; segmented: {extra['segmented']}):"
+        f"on the request's path: tokenize + route, wall and CPU, in this process; then the tail "
+        f"tokenized after routing; segmented: {extra['segmented']}):"
     )
     for label, what in (
         ("seen_before", "seen before"),
@@ -245,7 +255,9 @@ def print_overhead(extra: dict) -> None:
         print(
             f"  {what:<46}{extra[f'{label}_total_us']:>7.0f} us, cpu "
             f"{extra[f'{label}_cpu_us']:>6.0f} us  (tokenize "
-            f"{extra[f'{label}_tokenize_us']:.0f}, route {extra[f'{label}_route_us']:.0f}; "
+            f"{extra[f'{label}_tokenize_us']:.0f}, route {extra[f'{label}_route_us']:.0f}; routed "
+            f"on {extra[f'{label}_routed_on_tokens']} tokens; after routing "
+            f"{extra[f'{label}_deferred_us']:.0f} us; "
             f"{extra[f'{label}_new_stretches']:.0f} stretches tokenized)"
         )
 
@@ -267,7 +279,7 @@ def main() -> None:
     from api.router.tokenize import PromptTokenizer
 
     tok = PromptTokenizer(args.model)
-    systems, messages = build_workload(shape, tok._tok)
+    systems, messages = build_workload(shape, tok.hf_tokenizer)
     bounds = reuse_bounds(shape, systems, messages, tok, replicas=2)
     print(f"workload {args.workload}{' (quick)' if args.quick else ''}: {shape.describe()}")
     print(

@@ -91,7 +91,7 @@ def reuse_bounds(
             # the latest earlier turn on the replica this one lands on is k turns back: (1-s) s^k
             latest = [(1 - stay) * stay**k * h for k, h in enumerate(reversed(hits))]
             chance += sum(latest) + stay ** len(hits) * sys_hit
-            answer = random_text(tok._tok, shape.answer_tokens, rng)
+            answer = random_text(tok.hf_tokenizer, shape.answer_tokens, rng)
             earlier.append(prompt + tok.encode(answer, add_special_tokens=False))
             history.append({"role": "assistant", "content": answer})
     return {

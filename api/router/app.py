@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -124,7 +125,8 @@ async def _route(request: Request, path: str, schema: type) -> Response:
     identify(state.config.api, request)
     body = await request.body()
     req = parse_body(body, schema)  # the replicas validate again; bad input stops here as a 4xx
-    tokens, tokenize_us, cpu_us = await asyncio.to_thread(_prompt_tokens, state, req)
+    prompt = await asyncio.to_thread(_prompt_ids, state, req)
+    tokens, cpu_us = prompt.ids, prompt.cpu_us
     headers = forward_headers(dict(request.headers))
     tried: set[str] = set()
     route_us = 0.0
@@ -134,12 +136,14 @@ async def _route(request: Request, path: str, schema: type) -> Response:
             break
         t0, c0 = time.perf_counter(), time.thread_time()
         decision = state.router.choose(candidates, tokens)
-        route_us += (time.perf_counter() - t0) * 1e6
-        cpu_us += (time.thread_time() - c0) * 1e6
         r = decision.replica
         tried.add(r.name)
         r.load += 1
         r.sent(tokens)  # before the replica answers: a request for the same prefix follows it
+        route_us += (time.perf_counter() - t0) * 1e6
+        cpu_us += (time.thread_time() - c0) * 1e6
+        if prompt.tail:
+            state.spawn(_index_tail(state, r, prompt))
         try:
             opened = await open_upstream(state.client, r.spec.url + path, body, headers)
         except UpstreamFailed:
@@ -147,7 +151,7 @@ async def _route(request: Request, path: str, schema: type) -> Response:
             r.failures += 1
             r.healthy = False  # the health check puts it back when it answers again
             continue
-        state.overhead.add(tokenize_us, route_us, cpu_us)
+        state.overhead.add(prompt.wall_us, route_us, cpu_us)
         r.requests += 1
         r.decisions[decision.reason] += 1
         state.decisions[decision.reason] += 1
@@ -161,20 +165,41 @@ async def _route(request: Request, path: str, schema: type) -> Response:
     raise ApiError(503, "No replica could take the request", code="no_replica")
 
 
-def _prompt_tokens(state: RouterState, req: Any) -> tuple[list[int], float, float]:
-    """The prompt's token ids, the wall time and the CPU time spent (µs)."""
+@dataclass(frozen=True)
+class PromptIds:
+    """What routing needs of a prompt: the ids to route on, the text still to tokenize once the
+    request is on its way (PromptTokenizer.chat_for_routing; empty when `ids` is the whole
+    prompt), the wall and CPU µs spent on them."""
+
+    ids: list[int]
+    tail: str
+    wall_us: float
+    cpu_us: float
+
+
+def _prompt_ids(state: RouterState, req: Any) -> PromptIds:
     t0, c0 = time.perf_counter(), time.thread_time()
     tok = state.tokenizer
+    tail = ""
     try:
         if isinstance(req, ChatCompletionRequest):
-            tokens = tok.chat(req.chat_messages())
+            ids, tail = tok.chat_for_routing(req.chat_messages())
         else:
             prompts = req.prompts()
             first = prompts[0] if prompts else ""
-            tokens = tok.encode(first) if isinstance(first, str) else list(first)
+            ids = tok.encode(first) if isinstance(first, str) else list(first)
     except Exception as exc:  # template errors are the request's fault
         raise ApiError(400, f"Cannot tokenize the prompt: {exc}", param="messages") from exc
-    return tokens, (time.perf_counter() - t0) * 1e6, (time.thread_time() - c0) * 1e6
+    wall, cpu = (time.perf_counter() - t0) * 1e6, (time.thread_time() - c0) * 1e6
+    return PromptIds(ids, tail, wall, cpu)
+
+
+async def _index_tail(state: RouterState, r: Replica, prompt: PromptIds) -> None:
+    """Tokenizes a routed prompt's tail and tells the replica's index the whole prompt."""
+    t0 = time.perf_counter()
+    tail = await asyncio.to_thread(state.tokenizer.segments.encode, prompt.tail)
+    r.sent(prompt.ids + tail)
+    state.overhead.add_deferred((time.perf_counter() - t0) * 1e6)
 
 
 async def _whole(r: Replica, opened: Opened) -> Response:

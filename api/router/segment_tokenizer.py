@@ -54,6 +54,25 @@ class SegmentTokenizer:
             return self.backend.encode(text, add_special_tokens=False).ids
         return self._segmented(text)
 
+    def split_known(self, text: str) -> tuple[list[int], str]:
+        """The ids of text's leading stretches already held (and of the added tokens among them),
+        and the text after them: `known + encode(tail) == encode(text)`. A conversation's next
+        turn is known up to its last answer, so a router can route on it before tokenizing the rest."""
+        if not self.segmented:
+            return [], text
+        ids: list[int] = []
+        used = 0  # the pieces partition the text: what they covered so far
+        for i, piece in enumerate(self._cut.split(text) if self._cut else [text]):
+            if i % 2:
+                ids.append(self._id[piece])
+            elif piece:
+                found = self._lookup(piece)
+                if found is None:
+                    break
+                ids += found
+            used += len(piece)
+        return ids, text[used:]
+
     def clear(self) -> None:
         with self._lock:
             self._stretches.clear()
@@ -80,13 +99,19 @@ class SegmentTokenizer:
                 ids += self._stretch(piece)
         return ids
 
-    def _stretch(self, text: str) -> list[int]:
+    def _lookup(self, text: str) -> list[int] | None:
         with self._lock:
             found = self._stretches.get(text)
             if found is not None:
                 self._stretches.move_to_end(text)
                 self.hits += 1
-                return found
+            return found
+
+    def _stretch(self, text: str) -> list[int]:
+        found = self._lookup(text)
+        if found is not None:
+            return found
+        with self._lock:
             self.misses += 1
         found = self.backend.encode(text, add_special_tokens=False).ids
         if len(found) <= self.max_tokens // 8:

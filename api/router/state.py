@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import Counter, deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from statistics import mean, quantiles
+from typing import Any
 
 import httpx
 
@@ -16,18 +19,25 @@ from api.router.policy import Router
 from api.router.replicas import Replica
 from api.router.tokenize import PromptTokenizer
 
+log = logging.getLogger("radixcache.router")
+
 
 @dataclass
 class Overhead:
-    """Router time per request, in µs: tokenizing the prompt, then matching and choosing (wall
-    time, which includes waiting for a busy CPU, and the CPU time those steps used)."""
+    """Router time per request, in µs: tokenizing the prompt, then matching, choosing and noting
+    what was sent (wall time, which includes waiting for a busy CPU, and the CPU time those steps
+    used); and, apart, the tails tokenized after a request was routed (off its path)."""
 
     samples: deque[tuple[float, float, float]] = field(
         default_factory=lambda: deque(maxlen=100_000)
     )
+    deferred: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
 
     def add(self, tokenize_us: float, route_us: float, cpu_us: float) -> None:
         self.samples.append((tokenize_us, route_us, cpu_us))
+
+    def add_deferred(self, tokenize_us: float) -> None:
+        self.deferred.append(tokenize_us)
 
     def summary(self) -> dict[str, float]:
         if not self.samples:
@@ -42,6 +52,8 @@ class Overhead:
             "tokenize_mean_us": mean(a for a, _, _ in self.samples),
             "route_mean_us": mean(b for _, b, _ in self.samples),
             "cpu_mean_us": mean(c for _, _, c in self.samples),
+            "deferred_count": len(self.deferred),
+            "deferred_tokenize_mean_us": mean(self.deferred) if self.deferred else 0.0,
         }
 
 
@@ -55,6 +67,18 @@ class RouterState:
     overhead: Overhead = field(default_factory=Overhead)
     decisions: Counter[str] = field(default_factory=Counter)
     unrouted: int = 0  # requests no replica could take (503)
+    background: set[asyncio.Task] = field(default_factory=set)
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Runs work beside the requests (held here until done; a failure is logged)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self.background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self.background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("router background work failed", exc_info=task.exception())
 
     def candidates(self, tried: set[str]) -> list[Replica]:
         return [r for r in self.replicas if r.healthy and r.name not in tried]

@@ -37,7 +37,10 @@ def _tojson(x: Any, ensure_ascii=False, indent=None, separators=None, sort_keys=
 
 
 def compile_chat_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    # the environment transformers' apply_chat_template gives a template (loopcontrols: {% break %})
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

@@ -267,6 +267,9 @@ def test_later_turns_go_to_the_replica_holding_the_earlier_ones(
         assert r["requests"] > 0 and r["predicted_cached_tokens"] > 0
         assert r["reported_cached_tokens"] > 0 and r["prompt_tokens"] > 0
     assert stats["decisions"]["cache_hit"] >= 8 and stats["overhead"]["count"] >= 12
+    # turns 2 and 3 were routed on their seen part, their new messages tokenized after
+    wait_until(lambda: not router.state.background, 10, "the tails' tokenization")
+    assert router.stats()["overhead"]["deferred_count"] >= 8
     # each request tokenized at most its 2 new stretches (the last answer, the new message),
     # besides the separators and generation prompt every chat shares
     assert stats["tokenizer"]["segmented"]

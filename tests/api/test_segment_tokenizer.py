@@ -104,6 +104,46 @@ def test_a_next_turn_tokenizes_only_its_new_stretches(default_model_path: Path) 
     assert prompt.segments.stats()["stretch_misses"] == second["stretch_misses"]
 
 
+@pytest.mark.parametrize("name", ["default", "tiny"])
+@PROPERTY
+@given(messages=chats, seen=st.integers(0, 6))
+def test_the_known_ids_and_the_tail_make_the_prompt(
+    prompt_tokenizers, name, messages, seen
+) -> None:
+    """split_known: ids of the leading stretches held, then the text after them; together
+    they are the plain encode, whatever part of the chat was tokenized before."""
+    prompt = prompt_tokenizers[name]
+    prompt.segments.clear()
+    if seen:
+        prompt.chat(messages[:seen])
+    text = prompt.render(messages)
+    known, tail = prompt.segments.split_known(text)
+    assert text.endswith(tail)
+    assert known + prompt.segments.encode(tail) == plain(prompt.segments, text)
+    ids, rest = prompt.chat_for_routing(messages)
+    assert ids + prompt.segments.encode(rest) == plain(prompt.segments, text)
+    assert prompt.segments.split_known(text) == (plain(prompt.segments, text), "")  # all held now
+
+
+def test_a_next_turn_is_routed_on_what_was_seen(default_model_path: Path) -> None:
+    prompt = PromptTokenizer(default_model_path)
+    history = [
+        {"role": "system", "content": "You are a careful agent. " * 60},
+        {"role": "user", "content": "What is a radix tree?"},
+    ]
+    assert prompt.chat_for_routing(history)[1] == ""  # nothing held: tokenized whole
+    seen = prompt.chat(history)
+    history += [
+        {"role": "assistant", "content": "A trie with merged edges."},
+        {"role": "user", "content": "And its lookup cost?"},
+    ]
+    ids, tail = prompt.chat_for_routing(history)
+    assert tail.startswith("assistant\nA trie with merged edges.") and tail.endswith("assistant\n")
+    assert ids == seen[: len(ids)] and len(ids) >= len(seen) - 3  # all but the generation prompt
+    history[0]["content"] = "Short."  # the unseen part is most of the text: tokenized whole
+    assert prompt.chat_for_routing(history)[1] == ""
+
+
 def test_the_stretch_cache_is_bounded() -> None:
     tok = SegmentTokenizer(byte_level(), max_stretches=4, max_tokens=80)
     for i in range(20):
