@@ -222,7 +222,7 @@ def overhead_4096(model_dir: Path, repeats: int = 20) -> dict:
             t2, c2 = time.perf_counter(), time.thread_time()
             # after it: the tail, tokenized while the replica works
             if tail:
-                decision.replica.sent(tokens + tok.segments.encode(tail))
+                decision.replica.sent(tokens + tok.segments.encode_array(tail))
             t3 = time.perf_counter()
             tokenize.append((t1 - t0) * 1e6)
             route.append((t2 - t1) * 1e6)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from array import array
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -171,7 +172,7 @@ class PromptIds:
     request is on its way (PromptTokenizer.chat_for_routing; empty when `ids` is the whole
     prompt), the wall and CPU µs spent on them."""
 
-    ids: list[int]
+    ids: array  # array("q"): packed once for every index the request meets
     tail: str
     wall_us: float
     cpu_us: float
@@ -187,7 +188,7 @@ def _prompt_ids(state: RouterState, req: Any) -> PromptIds:
         else:
             prompts = req.prompts()
             first = prompts[0] if prompts else ""
-            ids = tok.encode(first) if isinstance(first, str) else list(first)
+            ids = array("q", tok.encode(first) if isinstance(first, str) else first)
     except Exception as exc:  # template errors are the request's fault
         raise ApiError(400, f"Cannot tokenize the prompt: {exc}", param="messages") from exc
     wall, cpu = (time.perf_counter() - t0) * 1e6, (time.thread_time() - c0) * 1e6
@@ -197,7 +198,7 @@ def _prompt_ids(state: RouterState, req: Any) -> PromptIds:
 async def _index_tail(state: RouterState, r: Replica, prompt: PromptIds) -> None:
     """Tokenizes a routed prompt's tail and tells the replica's index the whole prompt."""
     t0 = time.perf_counter()
-    tail = await asyncio.to_thread(state.tokenizer.segments.encode, prompt.tail)
+    tail = await asyncio.to_thread(state.tokenizer.segments.encode_array, prompt.tail)
     r.sent(prompt.ids + tail)
     state.overhead.add_deferred((time.perf_counter() - t0) * 1e6)
 

@@ -17,6 +17,8 @@ the replica is computing it, and a request for the same prefix arriving meanwhil
 from __future__ import annotations
 
 import time
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from radixcache.hashing import Namespace
@@ -103,20 +105,22 @@ class ReplicaIndex:
         self._reset(self.block_size)
 
     # --- fed by the router itself ---
-    def sent(self, tokens: list[int]) -> None:
+    def sent(self, tokens: Sequence[int]) -> None:
         """The router sent this prompt: without events, assume the replica keeps it; with events,
         count its blocks the replica has not confirmed as pending for a while."""
         n = len(tokens) // self.block_size * self.block_size
         if not n:
             return
+        if not isinstance(tokens, array):  # packed once, not by each call into the tree
+            tokens = array("q", tokens)
         expiry = time.monotonic() + self.pending_s
-        for b in self._insert(tuple(tokens[:n])):
+        for b in self._insert(tokens[:n]):
             if self.exact and b not in self._hash_of:
                 self._pending[b] = expiry
             self._dead.discard(b)
 
     # --- queries ---
-    def match(self, tokens: list[int]) -> int:
+    def match(self, tokens: Sequence[int]) -> int:
         """Tokens of the longest prefix of `tokens` the replica holds (a whole number of blocks)."""
         found = self.cache.peek(self.ns, tokens)
         now, n = time.monotonic(), 0
@@ -144,7 +148,7 @@ class ReplicaIndex:
             h = self._parent.get(h)
         return tuple(t for block in reversed(chain) for t in block)
 
-    def _insert(self, tokens: tuple[int, ...]) -> list[int]:
+    def _insert(self, tokens: array) -> list[int]:
         """Inserts the full blocks of `tokens`; returns the index block ids of the whole path."""
         cache, n = self.cache, len(tokens) // self.block_size
         found = cache.match(self.ns, tokens)

@@ -4,6 +4,7 @@ after SGLang's router), round-robin, or least-loaded."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -33,7 +34,7 @@ class Router:
         self.balance = balance
         self._turn = itertools.count()
 
-    def choose(self, candidates: list[Replica], tokens: list[int]) -> Decision:
+    def choose(self, candidates: list[Replica], tokens: Sequence[int]) -> Decision:
         if self.policy == "round-robin":
             r = candidates[next(self._turn) % len(candidates)]
             return Decision(r, "round_robin", r.match(tokens))
@@ -42,7 +43,7 @@ class Router:
             return Decision(r, "least_loaded", r.match(tokens))
         return self._cache_aware(candidates, tokens)
 
-    def _cache_aware(self, candidates: list[Replica], tokens: list[int]) -> Decision:
+    def _cache_aware(self, candidates: list[Replica], tokens: Sequence[int]) -> Decision:
         b = self.balance
         matches = [r.match(tokens) for r in candidates]
         loads = [r.load for r in candidates]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from api.router.index import ReplicaIndex
@@ -50,11 +51,11 @@ class Replica:
         """True when the index follows the replica's own events (not the router's guesses)."""
         return self.subscriber is not None
 
-    def match(self, tokens: list[int]) -> int:
+    def match(self, tokens: Sequence[int]) -> int:
         with self.lock:
             return self.index.match(tokens)
 
-    def sent(self, tokens: list[int]) -> None:
+    def sent(self, tokens: Sequence[int]) -> None:
         with self.lock:
             self.index.sent(tokens)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from array import array
 from collections import OrderedDict
 from typing import Any
 
@@ -52,15 +53,21 @@ class SegmentTokenizer:
         """== backend.encode(text, add_special_tokens=False).ids"""
         if not self.segmented:
             return self.backend.encode(text, add_special_tokens=False).ids
+        return self._segmented(text).tolist()
+
+    def encode_array(self, text: str) -> array:
+        """encode(text) as array("q") (what the router's indexes take without a copy)."""
+        if not self.segmented:
+            return array("q", self.backend.encode(text, add_special_tokens=False).ids)
         return self._segmented(text)
 
-    def split_known(self, text: str) -> tuple[list[int], str]:
+    def split_known(self, text: str) -> tuple[array, str]:
         """The ids of text's leading stretches already held (and of the added tokens among them),
         and the text after them: `known + encode(tail) == encode(text)`. A conversation's next
         turn is known up to its last answer, so a router can route on it before tokenizing the rest."""
         if not self.segmented:
-            return [], text
-        ids: list[int] = []
+            return array("q"), text
+        ids = array("q")
         used = 0  # the pieces partition the text: what they covered so far
         for i, piece in enumerate(self._cut.split(text) if self._cut else [text]):
             if i % 2:
@@ -89,8 +96,8 @@ class SegmentTokenizer:
             "tokens_held": self._held,
         }
 
-    def _segmented(self, text: str) -> list[int]:
-        ids: list[int] = []
+    def _segmented(self, text: str) -> array:
+        ids = array("q")
         pieces = self._cut.split(text) if self._cut else [text]
         for i, piece in enumerate(pieces):  # odd i: an added token
             if i % 2:
@@ -99,7 +106,7 @@ class SegmentTokenizer:
                 ids += self._stretch(piece)
         return ids
 
-    def _lookup(self, text: str) -> list[int] | None:
+    def _lookup(self, text: str) -> array | None:
         with self._lock:
             found = self._stretches.get(text)
             if found is not None:
@@ -107,18 +114,18 @@ class SegmentTokenizer:
                 self.hits += 1
             return found
 
-    def _stretch(self, text: str) -> list[int]:
+    def _stretch(self, text: str) -> array:
         found = self._lookup(text)
         if found is not None:
             return found
         with self._lock:
             self.misses += 1
-        found = self.backend.encode(text, add_special_tokens=False).ids
+        found = array("q", self.backend.encode(text, add_special_tokens=False).ids)
         if len(found) <= self.max_tokens // 8:
             self._keep(text, found)
         return found
 
-    def _keep(self, text: str, ids: list[int]) -> None:
+    def _keep(self, text: str, ids: array) -> None:
         with self._lock:
             if text in self._stretches:
                 return
@@ -128,7 +135,10 @@ class SegmentTokenizer:
                 self._held -= len(self._stretches.popitem(last=False)[1])
 
     def _agrees(self, text: str) -> bool:
-        return self._segmented(text) == self.backend.encode(text, add_special_tokens=False).ids
+        return (
+            self._segmented(text).tolist()
+            == self.backend.encode(text, add_special_tokens=False).ids
+        )
 
 
 def config_blockers(config: dict[str, Any], backend: Tokenizer) -> list[str]:

@@ -8,6 +8,7 @@ without apply_chat_template's per-call checks (~1.5x faster)."""
 from __future__ import annotations
 
 import json
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ class PromptTokenizer:
     def chat(self, messages: list[dict[str, Any]]) -> list[int]:
         return self.segments.encode(self.render(messages))
 
-    def chat_for_routing(self, messages: list[dict[str, Any]]) -> tuple[list[int], str]:
+    def chat_for_routing(self, messages: list[dict[str, Any]]) -> tuple[array, str]:
         """The ids to route a chat on and the text still to tokenize after routing it. A chat whose
         leading stretches are held (a conversation's next turn: all but its last answer and new
         message) is routed on those when they cover at least half of the rendered text;
@@ -49,7 +50,7 @@ class PromptTokenizer:
         text = self.render(messages)
         ids, tail = self.segments.split_known(text)
         if tail and 2 * len(tail) > len(text):
-            return ids + self.segments.encode(tail), ""
+            return ids + self.segments.encode_array(tail), ""
         return ids, tail
 
     def render(self, messages: list[dict[str, Any]]) -> str:

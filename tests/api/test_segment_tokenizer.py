@@ -119,10 +119,11 @@ def test_the_known_ids_and_the_tail_make_the_prompt(
     text = prompt.render(messages)
     known, tail = prompt.segments.split_known(text)
     assert text.endswith(tail)
-    assert known + prompt.segments.encode(tail) == plain(prompt.segments, text)
+    assert known.tolist() + prompt.segments.encode(tail) == plain(prompt.segments, text)
     ids, rest = prompt.chat_for_routing(messages)
-    assert ids + prompt.segments.encode(rest) == plain(prompt.segments, text)
-    assert prompt.segments.split_known(text) == (plain(prompt.segments, text), "")  # all held now
+    assert ids.tolist() + prompt.segments.encode(rest) == plain(prompt.segments, text)
+    known, tail = prompt.segments.split_known(text)
+    assert known.tolist() == plain(prompt.segments, text) and tail == ""  # all held now
 
 
 def test_a_next_turn_is_routed_on_what_was_seen(default_model_path: Path) -> None:
@@ -139,7 +140,9 @@ def test_a_next_turn_is_routed_on_what_was_seen(default_model_path: Path) -> Non
     ]
     ids, tail = prompt.chat_for_routing(history)
     assert tail.startswith("assistant\nA trie with merged edges.") and tail.endswith("assistant\n")
-    assert ids == seen[: len(ids)] and len(ids) >= len(seen) - 3  # all but the generation prompt
+    assert (
+        ids.tolist() == seen[: len(ids)] and len(ids) >= len(seen) - 3
+    )  # all but the generation prompt
     history[0]["content"] = "Short."  # the unseen part is most of the text: tokenized whole
     assert prompt.chat_for_routing(history)[1] == ""
 
