@@ -123,9 +123,11 @@ def make_engine(model: Path, dtype: str, caching: bool, deterministic: bool = Fa
     engine = LLMEngine(config)
     if args.attention != "auto":  # the one backend object the model (and so the runner) uses
         model = engine.model
-        kind = {"native": True, "native-decode": True, "torch": False}[args.attention]
-        dtype = model.dtype if args.attention == "native" else None  # None: no native prefill
-        model.attention = make_attention_backend("cpu", kind, dtype, model.config.head_dim)
+        native = args.attention != "torch"
+        prefill = args.attention == "native"  # wherever the kernel exists, even where slower
+        model.attention = make_attention_backend(
+            "cpu", native, model.dtype, model.config.head_dim, prefill=prefill
+        )
     return engine
 
 

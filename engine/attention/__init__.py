@@ -16,6 +16,7 @@ from engine.attention.metadata import (
 )
 from engine.attention.native import load_native
 from engine.attention.torch_backend import TorchAttention
+from engine.dtypes import cpu_flags
 
 
 class AttentionBackend(Protocol):
@@ -35,20 +36,33 @@ class AttentionBackend(Protocol):
     ) -> torch.Tensor: ...
 
 
+def native_prefill_pays(dtype: torch.dtype, flags: frozenset[str]) -> bool:
+    """Whether the native prefill kernel beats torch's flash attention on a CPU with these flags
+    (bench_model --attention, 1 x 1,024-2,048 tokens): with AMX, torch's bfloat16 attention runs
+    its matmuls as AMX tiles (oneDNN), 2.2-2.8x the native AVX512-BF16 kernel; with AVX-512,
+    torch's float32 attention is 16 lanes wide and the native float32 kernel 8 (0.7-0.9x). The
+    native kernel wins on AVX2 CPUs (both dtypes, 1.3-2.2x) and AVX512-BF16 ones without AMX."""
+    if dtype == torch.bfloat16:
+        return "amx_bf16" not in flags
+    return "avx512f" not in flags
+
+
 def make_attention_backend(
     device: torch.device | str,
     native: bool | None = None,
     dtype: torch.dtype | None = None,
     head_dim: int | None = None,
     invariant: bool = False,
+    prefill: bool | None = None,
 ) -> AttentionBackend:
     """Triton kernels on CUDA; on CPU the torch backend, with the native kernels when native is
     True (required) or None (when they build here); native=False: pure torch. Decode tokens go
     to the native kernel; so do prefill chunks of a model in dtype with a supported head_dim where
     this CPU has a prefill kernel for that dtype (has_native_prefill: bfloat16 with AVX512-BF16
-    or AVX2, float32 with AVX2). invariant: every token through the prefill kernel, so outputs do
-    not depend on batching, chunking or cache hits (EngineConfig.deterministic); an error where
-    that kernel is missing."""
+    or AVX2, float32 with AVX2) and, with prefill None, where it beats torch's
+    (native_prefill_pays); prefill True: wherever it exists, False: never. invariant: every token
+    through the prefill kernel, so outputs do not depend on batching, chunking or cache hits
+    (EngineConfig.deterministic); an error where that kernel is missing."""
     if torch.device(device).type == "cuda":
         from engine.attention.triton_backend import TritonAttention
 
@@ -56,18 +70,21 @@ def make_attention_backend(
     module = load_native() if native is not False else None
     if native and module is None:
         raise RuntimeError("the native attention kernel could not be built on this machine")
-    prefill = (
+    has_prefill = (
         module is not None
         and dtype is not None
         and head_dim in module.PREFILL_HEAD_DIMS
         and module.has_native_prefill(dtype)
     )
-    if invariant and not prefill:
+    if invariant and not has_prefill:
         raise RuntimeError(
             f"deterministic mode needs the native prefill kernel for {dtype} with head_dim "
             f"{head_dim}, which this CPU or build does not have"
         )
-    return TorchAttention(module, native_prefill=prefill, invariant=invariant)
+    if prefill is None and not invariant:
+        prefill = has_prefill and native_prefill_pays(dtype, cpu_flags())
+    use_prefill = has_prefill and prefill is not False
+    return TorchAttention(module, native_prefill=use_prefill, invariant=invariant)
 
 
 __all__ = [
@@ -78,4 +95,5 @@ __all__ = [
     "compute_positions",
     "load_native",
     "make_attention_backend",
+    "native_prefill_pays",
 ]

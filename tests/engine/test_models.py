@@ -101,7 +101,7 @@ def test_chunked_prefill_and_decode_logits_match(pair):
 
 
 PATHS = {  # make_attention_backend arguments (beyond the device) of each CPU attention path
-    "native": dict(native=True, dtype=torch.float32),
+    "native": dict(native=True, dtype=torch.float32, prefill=True),  # even where torch is faster
     "native-decode": dict(native=True),
     "torch": dict(native=False),
 }
@@ -222,7 +222,8 @@ def test_native_bfloat16_prefill_and_decode_track_the_float32_reference(tmp_path
     hf = transformers.AutoModelForCausalLM.from_config(cls(**TINY, **extra), dtype=torch.float32)
     randomize(hf)
     hf.save_pretrained(tmp_path)
-    ours = load_model(tmp_path, torch.bfloat16, "cpu")
+    native = make_attention_backend("cpu", True, torch.bfloat16, extra["head_dim"], prefill=True)
+    ours = load_model(tmp_path, torch.bfloat16, "cpu", attention=native)
     assert ours.attention.native_prefill and ours.attention.native is not None
     ids = torch.randint(0, 160, (40,), generator=torch.Generator().manual_seed(5)).tolist()
     steps = [ids[:17], ids[17:30], *[[t] for t in ids[30:]]]
@@ -236,13 +237,23 @@ def test_native_bfloat16_prefill_and_decode_track_the_float32_reference(tmp_path
     torch.testing.assert_close(logits, torch_logits, rtol=0.0, atol=0.08 * scale)
 
 
-def test_default_backend_uses_the_native_kernels_in_both_dtypes(pair):
-    """load_model picks the native prefill and decode kernels for float32 and bfloat16 models
-    on this CPU (has_native_prefill), so the parity tests above run them."""
+def test_default_backend_uses_the_native_kernels_where_they_pay(pair):
+    """load_model picks the native decode kernel, and the native prefill kernel where it beats
+    torch's on this CPU (native_prefill_pays); the parity tests above run both either way."""
+    from engine.attention import native_prefill_pays
+    from engine.dtypes import cpu_flags
+
     _, ours = pair
-    assert ours.attention.native is not None and ours.attention.native_prefill
+    flags = cpu_flags()
+    assert ours.attention.native is not None
+    assert ours.attention.native_prefill == native_prefill_pays(torch.float32, flags)
     bf16 = make_attention_backend("cpu", dtype=torch.bfloat16, head_dim=ours.config.head_dim)
-    assert bf16.native is not None and bf16.native_prefill
+    assert bf16.native is not None
+    assert bf16.native_prefill == native_prefill_pays(torch.bfloat16, flags)
+    assert not native_prefill_pays(torch.bfloat16, frozenset({"avx512_bf16", "amx_bf16"}))
+    assert native_prefill_pays(torch.bfloat16, frozenset({"avx512_bf16", "avx512f"}))
+    assert native_prefill_pays(torch.float32, frozenset({"avx2", "fma"}))
+    assert not native_prefill_pays(torch.float32, frozenset({"avx2", "avx512f"}))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
