@@ -17,7 +17,10 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
+SOURCES = (
+    Path(__file__).parent / "csrc" / "paged_attention.cpp",
+    Path(__file__).parent / "csrc" / "row_ops.cpp",  # a decoder layer's RMSNorm, one op
+)
 # -fopenmp: at::parallel_for is OpenMP inline code, serial without it; libgomp.so.1 is the copy
 # torch already loaded (same soname), so the kernels share torch's thread pool and thread count
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
@@ -28,7 +31,7 @@ def build_dir() -> Path:
     """Where this source, built with these flags for this torch and Python, lives: two checkouts
     with different kernels never share (or rebuild over) one folder."""
     root = os.environ.get("RADIXCACHE_NATIVE_DIR") or Path.home() / ".cache/radixcache/native"
-    key = hashlib.sha256(SOURCE.read_bytes())
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
     key.update(repr((CFLAGS, LDFLAGS, torch.__version__, sys.version_info[:2])).encode())
     return Path(root) / key.hexdigest()[:16]
 
@@ -49,7 +52,7 @@ def load_native() -> NativeKernels | None:
             (folder / "lock").unlink(missing_ok=True)
             load(
                 name="radixcache_attention",
-                sources=[str(SOURCE)],
+                sources=[str(source) for source in SOURCES],
                 extra_cflags=list(CFLAGS),  # torch appends to the lists it is given
                 extra_ldflags=list(LDFLAGS),
                 build_directory=str(folder),
@@ -93,6 +96,11 @@ class NativeKernels:
         torch.ops.radixcache.paged_prefill(
             q, k_cache, v_cache, out, q_starts, q_lens, seq_lens, block_tables, scale
         )
+
+    @staticmethod
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x [rows, n] -> RMSNorm(x) * weight (float32 statistics; one op)."""
+        return torch.ops.radixcache.rms_norm(x, weight, eps)
 
     @staticmethod
     def paged_decode(

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata, make_attention_backend
+from engine.attention.native import NativeKernels, load_native
 from engine.models.config import ModelConfig
 from engine.models.packed_linear import PackedWeight, linear, pack_weight
 from engine.models.rope import RotaryEmbedding, apply_rope
@@ -22,6 +23,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     inv = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
     inv = inv.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
     return (x * inv.to(x.dtype)).mul_(weight)
+
+
+class RowOps:
+    """A layer's RMSNorm on [rows, n] activations: the native op where it built (CPU; one
+    dispatch instead of six), torch's otherwise."""
+
+    def __init__(self, native: NativeKernels | None) -> None:
+        self.native = native
+
+    @staticmethod
+    def for_device(device: torch.device) -> RowOps:
+        return RowOps(load_native() if device.type == "cpu" else None)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if self.native is None:
+            return rms_norm(x, weight, eps)
+        return self.native.rms_norm(x, weight, eps)
 
 
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -72,9 +90,10 @@ class DecoderLayer(nn.Module):
         v_cache: torch.Tensor,
         plan: Any,  # attn.plan(meta) of this step
         attn: AttentionBackend,
+        ops: RowOps,
     ) -> torch.Tensor:
         t = h.shape[0]
-        x = rms_norm(h, self.input_layernorm, self.eps)
+        x = ops.rms_norm(h, self.input_layernorm, self.eps)
         packed = self.packed
         qkv = linear(x, self.qkv_proj, self.qkv_bias, packed.get("qkv_proj"))
         # q and k heads side by side: [T, Hq + Hkv, D] (a view), roped in one go
@@ -88,7 +107,7 @@ class DecoderLayer(nn.Module):
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         o = attn.forward(q, k, v, k_cache, v_cache, plan, self.scale)
         h = h + linear(o.view(t, self.q_size), self.o_proj, self.o_bias, packed.get("o_proj"))
-        x = rms_norm(h, self.post_attention_layernorm, self.eps)
+        x = ops.rms_norm(h, self.post_attention_layernorm, self.eps)
         gate_up = linear(x, self.gate_up_proj, self.gate_up_bias, packed.get("gate_up_proj"))
         gate, up = gate_up.chunk(2, dim=-1)
         return h + linear(
@@ -123,6 +142,7 @@ class LlamaForCausalLM(nn.Module):
         self.packed_lm_head: PackedWeight | None = None
         self.invariant = invariant  # packed matmuls capped to row counts that keep rows' bits
         self.rope = RotaryEmbedding(config, dtype, device)
+        self.row_ops = RowOps.for_device(device)
         self.attention = attention or make_attention_backend(
             device, dtype=dtype, head_dim=config.head_dim, invariant=invariant
         )
@@ -138,9 +158,10 @@ class LlamaForCausalLM(nn.Module):
         h = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
         cos, sin = self.rope.lookup(positions, meta.max_seqlen_k)
         plan = self.attention.plan(meta)
+        ops = self.row_ops
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, kv_cache[i, 0], kv_cache[i, 1], plan, self.attention)
-        return rms_norm(h, self.norm, self.config.rms_norm_eps)
+            h = layer(h, cos, sin, kv_cache[i, 0], kv_cache[i, 1], plan, self.attention, ops)
+        return ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -287,3 +287,24 @@ def test_packed_matmuls_see_few_row_counts_and_keep_every_row():
         out = linear(x, weight, None, packed)
         assert out.shape == (m, 48)
         torch.testing.assert_close(out, x @ weight.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_native_rms_norm_matches_transformers_and_keeps_each_row(dtype):
+    """The native RMSNorm against transformers' formula (float32 statistics, rounded to the
+    dtype before the weight), on strided rows; a row's bits are the same alone or among 100."""
+    from engine.attention.native import load_native
+    from engine.models.llama import RowOps
+
+    ops = RowOps(load_native())
+    assert ops.native is not None
+    gen = torch.Generator().manual_seed(3)
+    wide = (torch.randn(100, 700, generator=gen) * 3).to(dtype)
+    x, weight = wide[:, :576], torch.randn(576, generator=gen).to(dtype)  # rows strided 700
+    hidden = x.float()
+    hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6)
+    want = weight * hidden.to(dtype)
+    got = ops.rms_norm(x, weight, 1e-6)
+    torch.testing.assert_close(got, want)
+    for i in (0, 37, 99):
+        assert torch.equal(ops.rms_norm(x[i : i + 1], weight, 1e-6)[0], got[i])
