@@ -22,6 +22,7 @@ from api.router.subscriber import EventSubscriber
 from api.router.wire import BatchDecoder, BlockRemoved, BlockStored
 from engine.kv_events import KVEventsConfig
 from tests.api.router_peers import (
+    ReplicaProcess,
     ScriptedPeer,
     spawn_replica,
     start_router,
@@ -346,6 +347,13 @@ def test_round_robin_alternates_and_bad_input_is_a_4xx(
 @pytest.mark.slow
 def test_a_killed_replica_loses_no_request(replicas: list[Server], tiny_llama: Path) -> None:
     doomed = spawn_replica(tiny_llama, ENGINE_SETTINGS)
+    try:
+        _route_through_a_dying_replica(doomed, replicas, tiny_llama)
+    finally:
+        doomed.kill()  # also when the router never started: no replica outlives the test
+
+
+def _route_through_a_dying_replica(doomed: Any, replicas: list[Server], tiny_llama: Path) -> None:
     config = RouterConfig(
         (ReplicaSpec.parse(doomed.spec), spec_of(replicas[0])),
         tiny_llama,
@@ -390,5 +398,4 @@ def test_a_killed_replica_loses_no_request(replicas: list[Server], tiny_llama: P
         assert stats["r0"]["failures"] >= 1 and not stats["r0"]["healthy"]
         assert stats["r1"]["requests"] >= 12 - stats["r0"]["requests"] + 1
     finally:
-        doomed.kill()
         handle.stop()
