@@ -353,7 +353,9 @@ def test_a_killed_replica_loses_no_request(replicas: list[Server], tiny_llama: P
         doomed.kill()  # also when the router never started: no replica outlives the test
 
 
-def _route_through_a_dying_replica(doomed: Any, replicas: list[Server], tiny_llama: Path) -> None:
+def _route_through_a_dying_replica(
+    doomed: ReplicaProcess, replicas: list[Server], tiny_llama: Path
+) -> None:
     config = RouterConfig(
         (ReplicaSpec.parse(doomed.spec), spec_of(replicas[0])),
         tiny_llama,
