@@ -67,17 +67,7 @@ class SegmentTokenizer:
         turn is known up to its last answer, so a router can route on it before tokenizing the rest."""
         if not self.segmented:
             return array("q"), text
-        ids = array("q")
-        used = 0  # the pieces partition the text: what they covered so far
-        for i, piece in enumerate(self._cut.split(text) if self._cut else [text]):
-            if i % 2:
-                ids.append(self._id[piece])
-            elif piece:
-                found = self._lookup(piece)
-                if found is None:
-                    break
-                ids += found
-            used += len(piece)
+        ids, used = self._walk(text, known_only=True)
         return ids, text[used:]
 
     def clear(self) -> None:
@@ -97,14 +87,25 @@ class SegmentTokenizer:
         }
 
     def _segmented(self, text: str) -> array:
+        return self._walk(text, known_only=False)[0]
+
+    def _walk(self, text: str, known_only: bool) -> tuple[array, int]:
+        """The ids of text's pieces in order (odd pieces: added tokens) and the characters they
+        cover; known_only stops at the first stretch not held instead of encoding it."""
         ids = array("q")
-        pieces = self._cut.split(text) if self._cut else [text]
-        for i, piece in enumerate(pieces):  # odd i: an added token
+        used = 0  # the pieces partition the text
+        for i, piece in enumerate(self._cut.split(text) if self._cut else [text]):
             if i % 2:
                 ids.append(self._id[piece])
             elif piece:
-                ids += self._stretch(piece)
-        return ids
+                found = self._lookup(piece)
+                if found is None:
+                    if known_only:
+                        break
+                    found = self._encode_new(piece)
+                ids += found
+            used += len(piece)
+        return ids, used
 
     def _lookup(self, text: str) -> array | None:
         with self._lock:
@@ -114,10 +115,8 @@ class SegmentTokenizer:
                 self.hits += 1
             return found
 
-    def _stretch(self, text: str) -> array:
-        found = self._lookup(text)
-        if found is not None:
-            return found
+    def _encode_new(self, text: str) -> array:
+        """A stretch not held: encoded, counted as a miss and kept (unless it is too long)."""
         with self._lock:
             self.misses += 1
         found = array("q", self.backend.encode(text, add_special_tokens=False).ids)

@@ -81,9 +81,10 @@ def make_attention_backend(
             f"deterministic mode needs the native prefill kernel for {dtype} with head_dim "
             f"{head_dim}, which this CPU or build does not have"
         )
-    if prefill is None and not invariant:
-        prefill = has_prefill and native_prefill_pays(dtype, cpu_flags())
-    use_prefill = has_prefill and prefill is not False
+    if invariant or prefill:
+        use_prefill = has_prefill
+    else:  # None: where it pays; False: never
+        use_prefill = prefill is None and has_prefill and native_prefill_pays(dtype, cpu_flags())
     return TorchAttention(module, native_prefill=use_prefill, invariant=invariant)
 
 

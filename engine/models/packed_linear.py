@@ -29,9 +29,12 @@ class PackedWeight:
 def pack_weight(weight: torch.Tensor, invariant: bool = False) -> PackedWeight:
     """oneDNN's blocked layout of a [out, in] weight (saves a reorder on every CPU matmul);
     invariant: with the row cap that keeps every row's bits independent of its call's rows."""
-    data = torch.ops.mkldnn._reorder_linear_weight(weight, None)
     cap = invariant_rows(*weight.shape, weight.dtype) if invariant else 0
-    return PackedWeight(data, cap)
+    return PackedWeight(_reorder(weight), cap)
+
+
+def _reorder(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight, None)
 
 
 def padded_rows(m: int) -> int:
@@ -72,7 +75,7 @@ def invariant_rows(out_features: int, in_features: int, dtype: torch.dtype) -> i
     each of its first CHECKED_ROWS rows the bits of a one-row call: random data, this CPU."""
     gen = torch.Generator().manual_seed(0)
     weight = (torch.randn(out_features, in_features, generator=gen) * 0.05).to(dtype)
-    data = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+    data = _reorder(weight)
     x = torch.randn(PROBE_ROWS, in_features, generator=gen).to(dtype)
     one_by_one = torch.cat([_packed_linear(x[i : i + 1], data, None) for i in range(CHECKED_ROWS)])
     cap = 1

@@ -21,11 +21,6 @@ namespace {
 // rows per task: decode-sized calls stay on the calling thread (a fork costs more than they do)
 constexpr int64_t ROWS_PER_TASK = 16;
 
-template <typename T>
-inline T round_to(float v) {
-  return static_cast<T>(v);
-}
-
 #ifdef __AVX512F__
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) {
@@ -53,9 +48,9 @@ constexpr bool VECTOR = false;
 #endif
 
 template <typename T>
-float sum_of_squares(const T* x, int64_t n, int64_t& done) {
+float sum_of_squares(const T* x, int64_t n) {
   float ss = 0.f;
-  done = 0;
+  int64_t done = 0;
 #ifdef __AVX512F__
   if constexpr (VECTOR<T>) {
     __m512 acc = _mm512_setzero_ps();
@@ -79,10 +74,9 @@ void rms_norm_rows(const T* x, int64_t x_stride, const T* w, T* out, int64_t row
   at::parallel_for(0, rows, ROWS_PER_TASK, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * x_stride;
-      int64_t i = 0;
-      const float inv = 1.f / std::sqrt(sum_of_squares(xr, n, i) / static_cast<float>(n) + eps);
+      const float inv = 1.f / std::sqrt(sum_of_squares(xr, n) / static_cast<float>(n) + eps);
       T* o = out + r * n;
-      i = 0;
+      int64_t i = 0;
 #ifdef __AVX512F__
       if constexpr (VECTOR<T>) {
         const __m512 vinv = _mm512_set1_ps(inv);
@@ -93,8 +87,8 @@ void rms_norm_rows(const T* x, int64_t x_stride, const T* w, T* out, int64_t row
       }
 #endif
       for (; i < n; ++i) {
-        const float normed = static_cast<float>(round_to<T>(static_cast<float>(xr[i]) * inv));
-        o[i] = round_to<T>(normed * static_cast<float>(w[i]));
+        const float normed = static_cast<float>(static_cast<T>(static_cast<float>(xr[i]) * inv));
+        o[i] = static_cast<T>(normed * static_cast<float>(w[i]));
       }
     }
   });
