@@ -1,7 +1,7 @@
 """Both servers under vLLM's own serving client: `vllm bench serve` (vLLM's CPU build, its venv)
 drives `radixcache serve` and then `vllm serve` on the same model folder, alternating run by run.
 
-    GOMP_CPU_AFFINITY="0 1" python -m benchmarks.bench_serving_vs_vllm \\
+    python -m benchmarks.bench_serving_vs_vllm \\
         --vllm-python /work/venvs/vllm/bin/python --concurrency 8 16
 
 Dataset: vLLM's prefix_repetition (8 prefixes of 1,024 tokens, 64-token suffixes, 32 output tokens,
@@ -9,12 +9,18 @@ Dataset: vLLM's prefix_repetition (8 prefixes of 1,024 tokens, 64-token suffixes
 starts with its prefixes cached. One server runs at a time (the other is stopped). Prints duration,
 output tokens/s, TTFT mean / p99 and TPOT mean per server and the time ratio; writes
 benchmarks/results/serving_vs_vllm.json.
+
+No process here inherits GOMP_CPU_AFFINITY: libgomp binds a process's first thread when torch loads
+and every Python thread started later inherits that one core, so a server's event loop would share
+the engine's first core (our c8 run: 47.8 s pinned, 28.6 s unpinned). vLLM binds its engine's
+OpenMP threads itself (VLLM_CPU_OMP_THREADS_BIND=0-1); ours float.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -95,6 +101,7 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--repeat", type=int, default=2, help="dataset seeds per concurrency")
     args = p.parse_args()
+    os.environ.pop("GOMP_CPU_AFFINITY", None)  # see the module's docstring
     from engine.dtypes import resolve_dtype
     from engine.loader import ensure_default_model
 

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.openmp import release_thread_pool
 from engine.outputs import RequestOutput
 from engine.request import GenerateJob, Prompt
 from engine.sampling import SamplingParams
@@ -142,7 +143,10 @@ class AsyncEngine:
 
     # --- lifecycle ---
     def start(self) -> None:
+        """Starts the engine loop. Call it on the thread that built the engine: that thread's
+        OpenMP workers are freed, as all of the engine's compute moves to the loop's thread."""
         if self._thread is None:
+            release_thread_pool()
             self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
             self._thread.start()
 
