@@ -1,10 +1,11 @@
-"""Linear layers on oneDNN-packed CPU weights, and the row count that keeps them row-invariant.
+"""Linear layers on oneDNN-packed CPU weights, and the row counts that keep them row-invariant.
 
-oneDNN picks its matmul kernel by shape: on AMX CPUs a row's output bits change with the number
-of rows in the call (here: one kernel family up to 32 rows, others from 64 and again from ~576),
-so a token's hidden state would depend on its batch. A batch-invariant model (deterministic mode)
-caps the rows per call at the largest count this CPU's kernels agree on for every padded count
-up to it, probed once per weight shape."""
+oneDNN picks its matmul kernel by shape, so a row's output bits can change with the number of rows
+in the call: on AMX CPUs one kernel family up to 32 rows, others from 64 and again from ~576; on an
+AVX512-BF16 EPYC the 1,536-wide down projection sums a lone row in another order than two or more.
+A batch-invariant model (deterministic mode) runs every call within the range of row counts this
+CPU's kernels agree on, probed once per weight shape: a lone row padded to the range's floor, more
+rows than its cap split into calls of the cap."""
 
 from __future__ import annotations
 
@@ -15,22 +16,27 @@ import torch
 import torch.nn.functional as F
 
 PROBE_ROWS = 256  # the largest cap probed (more rows go in further calls of this many)
-CHECKED_ROWS = 64  # rows compared against one-row calls at each count
+CHECKED_ROWS = 64  # rows compared against the floor's calls at each count
 
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """A [out, in] weight in oneDNN's blocked layout; `max_rows` > 0 caps the rows of one call."""
+    """A [out, in] weight in oneDNN's blocked layout; `max_rows` > 0 caps the rows of one call,
+    `min_rows` pads a call with fewer rows up to that many."""
 
     data: torch.Tensor
     max_rows: int = 0
+    min_rows: int = 1
 
 
 def pack_weight(weight: torch.Tensor, invariant: bool = False) -> PackedWeight:
     """oneDNN's blocked layout of a [out, in] weight (saves a reorder on every CPU matmul);
-    invariant: with the row cap that keeps every row's bits independent of its call's rows."""
-    cap = invariant_rows(*weight.shape, weight.dtype) if invariant else 0
-    return PackedWeight(_reorder(weight), cap)
+    invariant: with the row range that keeps every row's bits independent of its call's rows."""
+    data = _reorder(weight)
+    if not invariant:
+        return PackedWeight(data)
+    floor, cap = invariant_rows(*weight.shape, weight.dtype)
+    return PackedWeight(data, cap, floor)
 
 
 def _reorder(weight: torch.Tensor) -> torch.Tensor:
@@ -53,16 +59,20 @@ def linear(
 ) -> torch.Tensor:
     if packed is None:
         return F.linear(x, weight, bias)
-    cap = packed.max_rows
+    cap, floor = packed.max_rows, packed.min_rows
     if cap and x.shape[0] > cap:
-        parts = [_packed_linear(x[i : i + cap], packed.data, bias) for i in range(0, len(x), cap)]
+        parts = [
+            _packed_linear(x[i : i + cap], packed.data, bias, floor) for i in range(0, len(x), cap)
+        ]
         return torch.cat(parts)
-    return _packed_linear(x, packed.data, bias)
+    return _packed_linear(x, packed.data, bias, floor)
 
 
-def _packed_linear(x: torch.Tensor, data: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _packed_linear(
+    x: torch.Tensor, data: torch.Tensor, bias: torch.Tensor | None, floor: int = 1
+) -> torch.Tensor:
     m = x.shape[0]
-    rows = padded_rows(m)
+    rows = max(floor, padded_rows(m))
     if rows != m:
         x = F.pad(x, (0, 0, 0, rows - m))  # x: [m, in] -> [rows, in], zero rows at the end
     out = torch.ops.mkldnn._linear_pointwise(x, data, bias, "none", [], "")
@@ -70,18 +80,35 @@ def _packed_linear(x: torch.Tensor, data: torch.Tensor, bias: torch.Tensor | Non
 
 
 @functools.cache
-def invariant_rows(out_features: int, in_features: int, dtype: torch.dtype) -> int:
-    """The largest padded row count (<= PROBE_ROWS) up to which every call of this shape gives
-    each of its first CHECKED_ROWS rows the bits of a one-row call: random data, this CPU."""
+def invariant_rows(out_features: int, in_features: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(floor, cap): the row counts, padded, from floor (1 or 2) up to cap (<= PROBE_ROWS) at
+    which every call of this shape gives each of CHECKED_ROWS rows the bits of floor-row calls,
+    on this CPU. The data spans magnitudes 2^-6..2^6, so the sums cancel and a change in the order
+    of accumulation shows in the rounded bits (plain random data hides most of them)."""
     gen = torch.Generator().manual_seed(0)
-    weight = (torch.randn(out_features, in_features, generator=gen) * 0.05).to(dtype)
-    data = _reorder(weight)
-    x = torch.randn(PROBE_ROWS, in_features, generator=gen).to(dtype)
-    one_by_one = torch.cat([_packed_linear(x[i : i + 1], data, None) for i in range(CHECKED_ROWS)])
-    cap = 1
-    for rows in sorted({padded_rows(m) for m in range(2, PROBE_ROWS + 1)}):
-        n = min(rows, CHECKED_ROWS)
-        if not torch.equal(_packed_linear(x[:rows], data, None)[:n], one_by_one[:n]):
+
+    def wide(*shape: int) -> torch.Tensor:
+        scale = torch.exp2(torch.randint(-6, 7, shape, generator=gen).float())
+        return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+    data = _reorder(wide(out_features, in_features))
+    x = wide(PROBE_ROWS, in_features)
+
+    def calls_of(rows: int, floor: int) -> torch.Tensor:  # the checked rows, `rows` at a time
+        n = max(rows, CHECKED_ROWS)
+        return torch.cat(
+            [_packed_linear(x[i : i + rows], data, None, floor) for i in range(0, n, rows)]
+        )[:CHECKED_ROWS]
+
+    best = (1, 1)
+    for floor in (1, 2):
+        reference, cap = calls_of(floor, floor), floor
+        for rows in sorted({padded_rows(m) for m in range(floor + 1, PROBE_ROWS + 1)}):
+            if not torch.equal(calls_of(rows, floor), reference):
+                break
+            cap = rows
+        if cap > best[1]:
+            best = (floor, cap)
+        if cap == PROBE_ROWS:
             break
-        cap = rows
-    return cap
+    return best

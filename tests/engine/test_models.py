@@ -257,16 +257,23 @@ def test_default_backend_uses_the_native_kernels_where_they_pay(pair):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_an_invariant_packed_matmul_gives_a_row_the_same_bits_at_every_row_count(dtype):
-    """On AMX CPUs oneDNN switches kernels with the row count (a row's bits change from 64 rows
-    on): packed for a deterministic engine, a matmul runs in calls of at most the probed cap."""
+@pytest.mark.parametrize("shape", [(3072, 576), (576, 1536)])  # the default model's MLP
+def test_an_invariant_packed_matmul_gives_a_row_the_same_bits_at_every_row_count(dtype, shape):
+    """oneDNN switches kernels with the row count (on AMX CPUs a row's bits change from 64 rows
+    on; on an AVX512-BF16 EPYC the 1,536-wide projection sums a lone row in another order):
+    packed for a deterministic engine, a matmul runs within the probed range of row counts."""
     from engine.models.packed_linear import linear, pack_weight
 
     gen = torch.Generator().manual_seed(0)
-    weight = (torch.randn(3072, 576, generator=gen) * 0.05).to(dtype)  # the default model's MLP
+
+    def wide(*size: int) -> torch.Tensor:  # magnitudes 2^-6..2^6: the order of sums shows
+        scale = torch.exp2(torch.randint(-6, 7, size, generator=gen).float())
+        return (torch.randn(*size, generator=gen) * scale).to(dtype)
+
+    weight = wide(*shape)
     packed = pack_weight(weight, invariant=True)
-    assert packed.max_rows >= 1
-    x = torch.randn(700, 576, generator=gen).to(dtype)
+    assert 1 <= packed.min_rows <= packed.max_rows
+    x = wide(700, shape[1])
     one_by_one = torch.cat([linear(x[i : i + 1], weight, None, packed) for i in range(700)])
     for m in (2, 5, 33, 64, 100, 577, 700):
         assert torch.equal(linear(x[:m], weight, None, packed), one_by_one[:m]), m
