@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -64,6 +65,20 @@ def load_native() -> NativeKernels | None:
     return NativeKernels()
 
 
+@dataclass(frozen=True)
+class SharedDecodeGroups:
+    """Decode sequences sharing their first blocks (a cached prefix), for paged_decode: group g's
+    members are members[offsets[g]:offsets[g + 1]] (rows of q), whose tables share blocks[g]
+    leading blocks; the kernel reads those keys once for the whole group."""
+
+    offsets: torch.Tensor  # int32 [G + 1]
+    members: torch.Tensor  # int32 [sum of group sizes]
+    blocks: torch.Tensor  # int32 [G]
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.offsets, self.members, self.blocks
+
+
 class NativeKernels:
     """The ops the extension registers (torch.ops.radixcache.*)."""
 
@@ -110,5 +125,12 @@ class NativeKernels:
         block_tables: torch.Tensor,  # int32 [N, max_blocks]
         seq_lens: torch.Tensor,  # int32 [N]: keys [0, seq_len) of each sequence
         scale: float,
+        shared: SharedDecodeGroups | None = None,
     ) -> torch.Tensor:  # [N, Hq, D]
-        return torch.ops.radixcache.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        if shared is None:
+            return torch.ops.radixcache.paged_decode(
+                q, k_cache, v_cache, block_tables, seq_lens, scale
+            )
+        return torch.ops.radixcache.paged_decode(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, *shared.tensors()
+        )

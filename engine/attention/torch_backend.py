@@ -194,7 +194,9 @@ class TorchAttention:
 
     def _native_decode(self, q, k_cache, v_cache, plan: NativeDecode, scale: float, out) -> None:
         qd = q[plan.row_slice] if plan.row_slice is not None else q.index_select(0, plan.rows)
-        o = self.native.paged_decode(qd, k_cache, v_cache, plan.block_tables, plan.seq_lens, scale)
+        o = self.native.paged_decode(
+            qd, k_cache, v_cache, plan.block_tables, plan.seq_lens, scale, plan.shared
+        )
         if plan.row_slice is not None:
             out[plan.row_slice] = o
         else:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+from engine.attention.native import SharedDecodeGroups
 
 MIN_SHARED_BLOCKS = 1  # a shared prefix shorter than this is attended per sequence
 
@@ -94,13 +95,15 @@ class DecodePlan:
 
 @dataclass
 class NativeDecode:
-    """Every sequence with exactly one new token, for the native kernel: it reads all of each
-    sequence's keys in place through its block table (no gather, no mask, no shared prefix)."""
+    """Every sequence with exactly one new token, for the native kernel: it reads each sequence's
+    keys in place through its block table (no gather, no mask); the keys of cached leading blocks
+    that several sequences share are read once for the group (`shared`)."""
 
     rows: torch.Tensor  # int64 [B]: rows of q
     row_slice: slice | None  # the same rows as a slice when they are contiguous
     block_tables: torch.Tensor  # int32 [B, max_blocks]
     seq_lens: torch.Tensor  # int32 [B]
+    shared: SharedDecodeGroups | None = None
 
 
 @dataclass
@@ -209,11 +212,23 @@ def _native_decode(decodes, cu, meta: AttentionMetadata, device) -> NativeDecode
     token_rows = cu[decodes]
     contiguous = token_rows[-1] - token_rows[0] == len(decodes) - 1
     index = torch.from_numpy(np.asarray(decodes, dtype=np.int64)).to(device)
+    seq_lens = [meta.seq_lens_list[b] for b in decodes]
+    tables = [meta.block_tables_list[b] for b in decodes]
+    _, groups = _shared_prefixes([1] * len(decodes), seq_lens, tables, meta.block_size, 1)
+    shared = None
+    if groups:
+        offsets = np.cumsum([0] + [len(members) for members, _ in groups], dtype=np.int32)
+        shared = SharedDecodeGroups(
+            offsets=torch.from_numpy(offsets),
+            members=torch.tensor([b for members, _ in groups for b in members], dtype=torch.int32),
+            blocks=torch.tensor([len(blocks) for _, blocks in groups], dtype=torch.int32),
+        )
     return NativeDecode(
         rows=torch.from_numpy(token_rows).to(device),
         row_slice=slice(int(token_rows[0]), int(token_rows[-1]) + 1) if contiguous else None,
         block_tables=meta.block_tables.index_select(0, index),
         seq_lens=meta.seq_lens.index_select(0, index),
+        shared=shared,
     )
 
 

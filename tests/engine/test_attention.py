@@ -144,6 +144,27 @@ def test_native_decode_long_context_matches_torch_path():
     torch.testing.assert_close(native_out, torch_out, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_decode_reads_a_shared_prefix_once_per_group(dtype):
+    """Decode tokens whose tables start with the same cached blocks form groups the kernel reads
+    those keys once for (cascade attention); the answer is the per-sequence one."""
+    native = native_module()
+    out, ref, plan, _ = run_case(CASES[6], native=native)  # 4 decodes, one group
+    shared = plan.decode.shared
+    assert shared.offsets.tolist() == [0, 4] and shared.members.tolist() == [0, 1, 2, 3]
+    assert shared.blocks.tolist() == [4]  # 17 cached tokens: 4 whole blocks before the new one
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # the default model's head shapes; two groups and a sequence of its own
+    case = ([1] * 6, [349, 360, 333, 349, 400, 349], 16, 9, 3, 64, [0, 0, 0, 1, 1, None])
+    out, ref, plan, _ = run_case(case, dtype, native=native)
+    assert plan.decode.shared.offsets.tolist() == [0, 3, 5]
+    assert plan.decode.shared.blocks.tolist() == [8, 8]  # make_batch shares 8 blocks per group
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
+    torch_out, _, _, _ = run_case(case, dtype)
+    torch.testing.assert_close(out, torch_out, rtol=tol, atol=tol)
+
+
 def test_shared_prefix_groups_are_found():
     _, _, plan, _ = run_case(CASES[7])
     assert sorted(len(g.rows) for g in plan.shared) == [4, 16]

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -65,7 +66,8 @@ inline void score_chunk(const float* qf, const float* kt, int64_t group, int64_t
   }
 }
 
-inline void softmax_rows(float* scores, int64_t group, int64_t len) {
+// lse (when given): each row's log-sum-exp, lse[g] = max + log(sum of exp)
+inline void softmax_rows(float* scores, int64_t group, int64_t len, float* lse) {
   for (int64_t g = 0; g < group; ++g) {
     float* s = scores + g * len;
     float m = -std::numeric_limits<float>::infinity();
@@ -75,6 +77,7 @@ inline void softmax_rows(float* scores, int64_t group, int64_t len) {
       s[t] = std::exp(s[t] - m);
       sum += s[t];
     }
+    if (lse != nullptr) lse[g] = m + std::log(sum);
     const float inv = 1.f / sum;
 #pragma omp simd
     for (int64_t t = 0; t < len; ++t) s[t] *= inv;
@@ -163,7 +166,8 @@ inline __m512 dot_parts(const __m512* qv, const T* qraw, const T* kr) {
 template <typename T, int64_t D>
 void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
                         int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t h0,
-                        int64_t h1, float scale, T* out, std::vector<float>& scores) {
+                        int64_t h1, float scale, T* out, float* lse,
+                        std::vector<float>& scores) {
   constexpr int64_t V = D / 16;  // vectors per row
   const int64_t row = hkv * D;
   const int64_t heads = (h1 - h0) * group;  // query heads of this task
@@ -221,7 +225,9 @@ void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const in
       _mm512_mask_storeu_ps(sg + t, mask, e);
       sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(mask, e));
     }
-    maxes[j] = 1.f / _mm512_reduce_add_ps(sum);  // now the normaliser
+    const float total = _mm512_reduce_add_ps(sum);
+    if (lse != nullptr) lse[h0 * group + j] = maxes[j] + std::log(total);
+    maxes[j] = 1.f / total;  // now the normaliser
   }
   for (int64_t t = 0; t < len; ++t) {
     const int64_t slot = slot_of(t);
@@ -348,7 +354,7 @@ inline void value_chunk(__m256* const* acc, const float* const* p, const T* v, i
 template <typename T, int64_t D>
 void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
                       int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t h0, int64_t h1,
-                      float scale, T* out, std::vector<float>& scores) {
+                      float scale, T* out, float* lse, std::vector<float>& scores) {
   constexpr int64_t V = D / 8;  // vectors per row
   const int64_t row = hkv * D;
   const int64_t heads = (h1 - h0) * group;  // query heads of this task
@@ -391,7 +397,8 @@ void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int3
   std::vector<float> inv(static_cast<size_t>(heads));
   for (int64_t j = 0; j < heads; ++j) {
     float* sg = scores.data() + j * stride;
-    const __m256 m = _mm256_set1_ps(hmax8(top[j]));
+    const float mx = hmax8(top[j]);
+    const __m256 m = _mm256_set1_ps(mx);
     __m256 sum = _mm256_setzero_ps();
     for (int64_t t = 0; t < stride; t += 8) {
       __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), m));
@@ -399,7 +406,9 @@ void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int3
       _mm256_storeu_ps(sg + t, e);
       sum = _mm256_add_ps(sum, e);
     }
-    inv[j] = 1.f / hsum8(sum);
+    const float total = hsum8(sum);
+    if (lse != nullptr) lse[h0 * group + j] = mx + std::log(total);
+    inv[j] = 1.f / total;
   }
   for (int64_t t0 = 0; t0 < len; t0 += bs) {  // one block: keys [t0, t0 + nt)
     const int64_t nt = std::min(bs, len - t0);
@@ -436,7 +445,7 @@ void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int3
 template <typename T>
 void decode_task(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
                  int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t D, int64_t kvh,
-                 float scale, T* out, std::vector<float>& scores) {
+                 float scale, T* out, float* lse, std::vector<float>& scores) {
   const int64_t row = hkv * D;  // one slot of a cache: Hkv * D values
   scores.resize(static_cast<size_t>(group * len));
   std::vector<float> qf(static_cast<size_t>(group * D)), acc(static_cast<size_t>(group * D), 0.f);
@@ -460,7 +469,7 @@ void decode_task(const T* q, const T* k_cache, const T* v_cache, const int32_t* 
     }
     score_chunk(qf.data(), kt, group, D, scores.data() + t0, len, n);
   }
-  softmax_rows(scores.data(), group, len);
+  softmax_rows(scores.data(), group, len, lse == nullptr ? nullptr : lse + kvh * group);
   for (int64_t t = 0; t < len; ++t) {
     const T* vr = v_cache + (static_cast<int64_t>(table[t / bs]) * bs + t % bs) * row + kvh * D;
     to_float(vr, vf, D);
@@ -477,11 +486,54 @@ void decode_task(const T* q, const T* k_cache, const T* v_cache, const int32_t* 
   }
 }
 
+// fn(task) for tasks [0, n) on torch's threads, each taking the next task when it is done.
+template <typename F>
+void run_in_order(int64_t n, const F& fn) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t task; (task = next.fetch_add(1)) < n;) fn(task);
+  });
+}
+
+// Kv heads [h0, h1) of one query row set: q / out hold its heads [Hkv * group, D], attending keys
+// [0, len) of `table`; lse (when given) gets each query head's log-sum-exp.
+template <typename T, int64_t D>
+void decode_heads(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
+                  int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t d, int64_t h0,
+                  int64_t h1, float scale, T* out, float* lse, std::vector<float>& scores) {
+#ifdef __AVX512F__
+  if constexpr (D > 0) {
+    decode_task_avx512<T, D>(q, k_cache, v_cache, table, len, bs, hkv, group, h0, h1, scale, out,
+                             lse, scores);
+    return;
+  }
+#elif defined(RC_AVX2)
+  if constexpr (D > 0 && D % 16 == 0) {
+    decode_task_avx2<T, D>(q, k_cache, v_cache, table, len, bs, hkv, group, h0, h1, scale, out,
+                           lse, scores);
+    return;
+  }
+#endif
+  for (int64_t kvh = h0; kvh < h1; ++kvh)
+    decode_task<T>(q, k_cache, v_cache, table, len, bs, hkv, group, d, kvh, scale, out, lse,
+                   scores);
+}
+
+// Sequences that share their first blocks (a cached prefix): the prefix's keys are read once for
+// all members, their query heads stacked as one row set of group * members heads per kv head.
+struct SharedGroups {
+  const int32_t* offsets = nullptr;  // [G + 1]: members of group g are members[offsets[g]...]
+  const int32_t* members = nullptr;  // sequence indices
+  const int32_t* blocks = nullptr;   // [G]: leading blocks every member shares
+  int64_t count = 0;
+};
+
 // D: the head dim as a compile-time constant for the vector path, or 0 (any head dim).
 template <typename T, int64_t D>
 void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
             const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale,
-            torch::Tensor& out) {
+            const SharedGroups& shared, torch::Tensor& out) {
   const int64_t n = q.size(0), hq = q.size(1), d = q.size(2);
   const int64_t bs = k_cache.size(1), hkv = k_cache.size(2), width = block_tables.size(1);
   const int64_t group = hq / hkv;
@@ -491,54 +543,100 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   T* op = out.data_ptr<T>();
-  // a task is one sequence (all kv heads: whole slots stream in); with few sequences, one kv
-  // head of one sequence, so every thread has work
-  const int64_t split = n >= 2 * at::get_num_threads() ? 1 : hkv;
-  const int64_t per_task = hkv / split;
-  at::parallel_for(0, n * split, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / split, h0 = (task % split) * per_task;
-      const T* qb = qp + b * hq * d;
-      T* ob = op + b * hq * d;
-      const float sc = static_cast<float>(scale);
-#ifdef __AVX512F__
-      if constexpr (D > 0) {
-        decode_task_avx512<T, D>(qb, kp, vp, tables + b * width, lens[b], bs, hkv, group, h0,
-                                 h0 + per_task, sc, ob, scores);
-        continue;
-      }
-#elif defined(RC_AVX2)
-      if constexpr (D > 0 && D % 16 == 0) {
-        decode_task_avx2<T, D>(qb, kp, vp, tables + b * width, lens[b], bs, hkv, group, h0,
-                               h0 + per_task, sc, ob, scores);
-        continue;
-      }
-#endif
-      for (int64_t kvh = h0; kvh < h0 + per_task; ++kvh)
-        decode_task<T>(qb, kp, vp, tables + b * width, lens[b], bs, hkv, group, d, kvh, sc, ob,
-                       scores);
+  const float sc = static_cast<float>(scale);
+  // per sequence: keys before start[b] * bs come from its group's shared pass
+  std::vector<int64_t> start(static_cast<size_t>(n), 0);
+  // the shared passes' stacked rows: group g's [Hkv, members * group, D] at row base[g] * hq
+  std::vector<int64_t> base(static_cast<size_t>(shared.count + 1), 0);
+  for (int64_t g = 0; g < shared.count; ++g) {
+    base[g + 1] = base[g] + shared.offsets[g + 1] - shared.offsets[g];
+    for (int64_t i = shared.offsets[g]; i < shared.offsets[g + 1]; ++i) {
+      const int32_t b = shared.members[i];
+      TORCH_CHECK(b >= 0 && b < n && shared.blocks[g] * bs < lens[b], "bad shared group");
+      start[b] = shared.blocks[g];
     }
+  }
+  const int64_t stacked = base[shared.count];
+  std::vector<T> sq(static_cast<size_t>(stacked * hq * d)), so(sq.size());
+  std::vector<float> slse(static_cast<size_t>(stacked * hq)), lse(static_cast<size_t>(n * hq));
+  for (int64_t g = 0; g < shared.count; ++g) {
+    const int64_t m = shared.offsets[g + 1] - shared.offsets[g];
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t h = 0; h < hkv; ++h)
+        std::memcpy(sq.data() + ((base[g] * hkv + h * m + i) * group) * d,
+                    qp + (shared.members[shared.offsets[g] + i] * hq + h * group) * d,
+                    static_cast<size_t>(group * d) * sizeof(T));
+  }
+  // tasks: each shared pass per kv head (the costliest, first), then per sequence its own keys
+  // (all kv heads: whole slots stream in; with few sequences, one kv head each)
+  const int64_t split = n >= 2 * at::get_num_threads() ? 1 : hkv;
+  const int64_t per_task = hkv / split, shared_tasks = shared.count * hkv;
+  run_in_order(shared_tasks + n * split, [&](int64_t task) {
+    thread_local std::vector<float> scores;
+    if (task < shared_tasks) {
+      const int64_t g = task / hkv, h = task % hkv;
+      const int64_t m = shared.offsets[g + 1] - shared.offsets[g];
+      const int32_t* table = tables + shared.members[shared.offsets[g]] * width;
+      decode_heads<T, D>(sq.data() + base[g] * hq * d, kp, vp, table, shared.blocks[g] * bs, bs,
+                         hkv, m * group, d, h, h + 1, sc, so.data() + base[g] * hq * d,
+                         slse.data() + base[g] * hq, scores);
+      return;
+    }
+    task -= shared_tasks;
+    const int64_t b = task / split, h0 = (task % split) * per_task;
+    decode_heads<T, D>(qp + b * hq * d, kp, vp, tables + b * width + start[b],
+                       lens[b] - start[b] * bs, bs, hkv, group, d, h0, h0 + per_task, sc,
+                       op + b * hq * d, start[b] ? lse.data() + b * hq : nullptr, scores);
   });
+  // each member's two parts, weighted by their log-sum-exps
+  for (int64_t g = 0; g < shared.count; ++g) {
+    const int64_t m = shared.offsets[g + 1] - shared.offsets[g];
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t b = shared.members[shared.offsets[g] + i];
+      for (int64_t h = 0; h < hkv; ++h)
+        for (int64_t j = 0; j < group; ++j) {
+          const int64_t row = (base[g] * hkv + h * m + i) * group + j;  // in the stacked rows
+          const float l1 = slse[row], l2 = lse[b * hq + h * group + j];
+          const float top = std::max(l1, l2);
+          float w1 = std::exp(l1 - top), w2 = std::exp(l2 - top);
+          const float norm = 1.f / (w1 + w2);
+          w1 *= norm, w2 *= norm;
+          const T* o1 = so.data() + row * d;
+          T* o = op + (b * hq + h * group + j) * d;
+          for (int64_t c = 0; c < d; ++c)
+            o[c] = static_cast<T>(w1 * static_cast<float>(o1[c]) + w2 * static_cast<float>(o[c]));
+        }
+    }
+  }
 }
 
 template <int64_t D>
 void dispatch_dtype(const torch::Tensor& q, const torch::Tensor& k_cache,
                     const torch::Tensor& v_cache, const torch::Tensor& tables,
-                    const torch::Tensor& lens, double scale, torch::Tensor& out) {
+                    const torch::Tensor& lens, double scale, const SharedGroups& shared,
+                    torch::Tensor& out) {
   switch (q.scalar_type()) {
-    case torch::kFloat: decode<float, D>(q, k_cache, v_cache, tables, lens, scale, out); break;
-    case torch::kBFloat16:
-      decode<c10::BFloat16, D>(q, k_cache, v_cache, tables, lens, scale, out);
+    case torch::kFloat:
+      decode<float, D>(q, k_cache, v_cache, tables, lens, scale, shared, out);
       break;
-    case torch::kHalf: decode<c10::Half, D>(q, k_cache, v_cache, tables, lens, scale, out); break;
+    case torch::kBFloat16:
+      decode<c10::BFloat16, D>(q, k_cache, v_cache, tables, lens, scale, shared, out);
+      break;
+    case torch::kHalf:
+      decode<c10::Half, D>(q, k_cache, v_cache, tables, lens, scale, shared, out);
+      break;
     default: TORCH_CHECK(false, "paged_decode: float32, bfloat16 or float16 only");
   }
 }
 
+// group_offsets / group_members / group_blocks (all or none): sequences sharing cached leading
+// blocks, attended once per group for those blocks (SharedGroups).
 torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
                            const torch::Tensor& v_cache, const torch::Tensor& block_tables,
-                           const torch::Tensor& seq_lens, double scale) {
+                           const torch::Tensor& seq_lens, double scale,
+                           const std::optional<torch::Tensor>& group_offsets,
+                           const std::optional<torch::Tensor>& group_members,
+                           const std::optional<torch::Tensor>& group_blocks) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 4, "bad ranks");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32,
@@ -550,13 +648,30 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
   auto tables = block_tables.contiguous();
   auto lens = seq_lens.contiguous();
   auto out = torch::empty_like(qc);
+  SharedGroups shared;
+  torch::Tensor offsets, members, blocks;  // contiguous int32 copies, alive through the call
+  if (group_offsets.has_value()) {
+    TORCH_CHECK(group_members.has_value() && group_blocks.has_value(),
+                "group_offsets, group_members and group_blocks go together");
+    offsets = group_offsets->contiguous(), members = group_members->contiguous();
+    blocks = group_blocks->contiguous();
+    TORCH_CHECK(offsets.scalar_type() == torch::kInt32 && members.scalar_type() == torch::kInt32 &&
+                    blocks.scalar_type() == torch::kInt32,
+                "shared groups must be int32");
+    shared.count = blocks.numel();
+    TORCH_CHECK(offsets.numel() == shared.count + 1, "group_offsets must have groups + 1 entries");
+    shared.offsets = offsets.data_ptr<int32_t>(), shared.members = members.data_ptr<int32_t>();
+    shared.blocks = blocks.data_ptr<int32_t>();
+    TORCH_CHECK(shared.offsets[0] == 0 && shared.offsets[shared.count] == members.numel(),
+                "group_offsets must cover group_members");
+  }
   switch (q.size(2)) {
-    case 64: dispatch_dtype<64>(qc, k_cache, v_cache, tables, lens, scale, out); break;
-    case 128: dispatch_dtype<128>(qc, k_cache, v_cache, tables, lens, scale, out); break;
-    case 32: dispatch_dtype<32>(qc, k_cache, v_cache, tables, lens, scale, out); break;
-    case 256: dispatch_dtype<256>(qc, k_cache, v_cache, tables, lens, scale, out); break;
-    case 16: dispatch_dtype<16>(qc, k_cache, v_cache, tables, lens, scale, out); break;
-    default: dispatch_dtype<0>(qc, k_cache, v_cache, tables, lens, scale, out); break;
+    case 64: dispatch_dtype<64>(qc, k_cache, v_cache, tables, lens, scale, shared, out); break;
+    case 128: dispatch_dtype<128>(qc, k_cache, v_cache, tables, lens, scale, shared, out); break;
+    case 32: dispatch_dtype<32>(qc, k_cache, v_cache, tables, lens, scale, shared, out); break;
+    case 256: dispatch_dtype<256>(qc, k_cache, v_cache, tables, lens, scale, shared, out); break;
+    case 16: dispatch_dtype<16>(qc, k_cache, v_cache, tables, lens, scale, shared, out); break;
+    default: dispatch_dtype<0>(qc, k_cache, v_cache, tables, lens, scale, shared, out); break;
   }
   return out;
 }
@@ -584,16 +699,6 @@ inline std::vector<PrefillTile> prefill_tiles(int64_t n, const int32_t* qlens, c
   std::vector<PrefillTile> sorted;
   for (size_t i : order) sorted.push_back(tiles[i]);
   return sorted;
-}
-
-// fn(task) for tasks [0, n) on torch's threads, each taking the next task when it is done.
-template <typename F>
-void run_in_order(int64_t n, const F& fn) {
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    for (int64_t task; (task = next.fetch_add(1)) < n;) fn(task);
-  });
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -1056,7 +1161,8 @@ std::string vector_isa() {
 // torch.compile as one opaque call.
 TORCH_LIBRARY(radixcache, m) {
   m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor seq_lens, float scale) -> Tensor");
+        "Tensor seq_lens, float scale, Tensor? group_offsets=None, Tensor? group_members=None, "
+        "Tensor? group_blocks=None) -> Tensor");
   m.def("paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, "
         "Tensor q_starts, Tensor q_lens, Tensor seq_lens, Tensor block_tables, float scale) -> ()");
   m.def("has_native_prefill(ScalarType dtype) -> bool", &has_native_prefill);
