@@ -705,11 +705,34 @@ inline std::vector<PrefillTile> prefill_tiles(int64_t n, const int32_t* qlens, c
 // Paged prefill attention, bfloat16 with AVX512-BF16 (flash-style, online softmax): the new
 // tokens [q_start, q_start + q_len) of a sequence attend its keys [0, seq_len) causally (token i
 // sits at position seq_len - q_len + i), read in place through its block table. A task is one
-// sequence, one kv head and a tile of up to TILE tokens (x G query heads); each block of 16 keys
+// sequence, one kv head and a tile of up to 64 tokens (x G query heads; 32 when that leaves a
+// thread short of tasks: each key block is repacked once per tile); each block of 16 keys
 // is repacked once per task into pair-interleaved layout so that one vdpbf16ps computes 16
 // scores' worth of two head dims: scores [16 keys] += q[2p, 2p+1] . k[:, 2p, 2p+1].
-constexpr int64_t TILE = 32;
+constexpr int64_t TILE = 64, SMALL_TILE = 32;
 constexpr int64_t R = 4;  // query vectors scored together
+
+// acc [NR rows][V] = acc * corr + probabilities (bf16 pairs) . values (pair-interleaved rows),
+// over the first `pairs_n` key pairs of a block; the NR x V sums are held in registers.
+template <int64_t NR, int64_t V, int64_t KB2, int64_t D>
+inline void accumulate_values(__m512* acc, const __m512* corr, const uint32_t (*pairs)[KB2],
+                              const uint32_t (*vp)[D], int64_t pairs_n) {
+  __m512 a[NR][V];
+  for (int64_t x = 0; x < NR; ++x)
+    for (int64_t c = 0; c < V; ++c) a[x][c] = _mm512_mul_ps(acc[x * V + c], corr[x]);
+  for (int64_t jp = 0; jp < pairs_n; ++jp) {
+    __m512i vb[V];
+    for (int64_t c = 0; c < V; ++c) vb[c] = _mm512_load_si512(vp[jp] + c * 16);
+    for (int64_t x = 0; x < NR; ++x) {
+      const __m512i pb = _mm512_set1_epi32(static_cast<int>(pairs[x][jp]));
+      for (int64_t c = 0; c < V; ++c)
+        a[x][c] = _mm512_dpbf16_ps(a[x][c], reinterpret_cast<const __m512bh&>(pb),
+                                   reinterpret_cast<const __m512bh&>(vb[c]));
+    }
+  }
+  for (int64_t x = 0; x < NR; ++x)
+    for (int64_t c = 0; c < V; ++c) acc[x * V + c] = a[x][c];
+}
 
 template <int64_t D>
 void prefill_task(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16* k_cache,
@@ -728,7 +751,11 @@ void prefill_task(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16*
   alignas(64) uint32_t kp[P][KB];        // key pairs: kp[p][j] = k[j][2p], k[j][2p+1]
   alignas(64) uint32_t vp[KB / 2][D];    // value pairs: vp[jp][d] = v[2jp][d], v[2jp+1][d]
   alignas(64) uint32_t pairs[R][KB / 2];  // probabilities of R rows as bf16 pairs
-  auto slot_of = [&](int64_t t) { return static_cast<int64_t>(table[t / bs]) * bs + t % bs; };
+  thread_local std::vector<int64_t> slots;  // key t's slot (no division per key)
+  slots.resize(static_cast<size_t>(last_pos + 1));
+  for (int64_t t = 0, blk = 0; t <= last_pos; ++blk)
+    for (int64_t o = 0; o < bs && t <= last_pos; ++o, ++t) slots[t] = table[blk] * bs + o;
+  auto slot_of = [&](int64_t t) { return slots[t]; };
   for (int64_t k0 = 0; k0 <= last_pos; k0 += KB) {
     const int64_t n = std::min(KB, last_pos + 1 - k0);
     for (int64_t j = 0; j < KB; ++j) {
@@ -804,19 +831,12 @@ void prefill_task(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16*
         mx[r] = m_new;
         corr[x] = _mm512_set1_ps(cf);
       }
-      for (int64_t x = 0; x < nr; ++x)
-        for (int64_t c = 0; c < V; ++c)
-          acc[(r0 + x) * V + c] = _mm512_mul_ps(acc[(r0 + x) * V + c], corr[x]);
-      for (int64_t jp = 0; jp < (visible_max + 1) / 2; ++jp) {
-        __m512i vb[V];
-        for (int64_t c = 0; c < V; ++c) vb[c] = _mm512_load_si512(vp[jp] + c * 16);
-        for (int64_t x = 0; x < nr; ++x) {
-          const __m512i pb = _mm512_set1_epi32(static_cast<int>(pairs[x][jp]));
-          __m512* a = acc.data() + (r0 + x) * V;
-          for (int64_t c = 0; c < V; ++c)
-            a[c] = _mm512_dpbf16_ps(a[c], reinterpret_cast<const __m512bh&>(pb),
-                                    reinterpret_cast<const __m512bh&>(vb[c]));
-        }
+      if (nr == R) {  // the R rows' outputs stay in registers through the block's values
+        accumulate_values<R, V>(acc.data() + r0 * V, corr, pairs, vp, (visible_max + 1) / 2);
+      } else {
+        for (int64_t x = 0; x < nr; ++x)
+          accumulate_values<1, V>(acc.data() + (r0 + x) * V, corr + x, pairs + x, vp,
+                                  (visible_max + 1) / 2);
       }
     }
   }
@@ -839,14 +859,17 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
              const int32_t* tables, int64_t n, int64_t width, double scale) {
   const int64_t hq = q.size(1), bs = k_cache.size(1), hkv = k_cache.size(2);
   const int64_t group = hq / hkv, q_stride = q.stride(0), o_stride = out.stride(0);
-  const std::vector<PrefillTile> tiles = prefill_tiles(n, qlens, lens, TILE);
+  std::vector<PrefillTile> tiles = prefill_tiles(n, qlens, lens, TILE);
+  int64_t tile = TILE;
+  if (static_cast<int64_t>(tiles.size()) * hkv < 4 * at::get_num_threads())
+    tiles = prefill_tiles(n, qlens, lens, tile = SMALL_TILE);
   const auto* qp = q.data_ptr<c10::BFloat16>();
   const auto* kp = k_cache.data_ptr<c10::BFloat16>();
   const auto* vp = v_cache.data_ptr<c10::BFloat16>();
   auto* op = out.data_ptr<c10::BFloat16>();
   run_in_order(static_cast<int64_t>(tiles.size()) * hkv, [&](int64_t task) {
     const int64_t kvh = task % hkv, b = tiles[task / hkv].seq, i0 = tiles[task / hkv].first;
-    const int64_t ntok = std::min(TILE, static_cast<int64_t>(qlens[b]) - i0);
+    const int64_t ntok = std::min(tile, static_cast<int64_t>(qlens[b]) - i0);
     const int64_t row0 = starts[b] + i0;
     prefill_task<D>(qp + row0 * q_stride, q_stride, kp, vp, op + row0 * o_stride, o_stride,
                     tables + b * width, bs, hkv, group, kvh, lens[b] - qlens[b] + i0, ntok,
