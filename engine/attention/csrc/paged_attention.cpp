@@ -160,6 +160,30 @@ inline __m512 dot_parts(const __m512* qv, const T* qraw, const T* kr) {
   return a;
 }
 
+// acc [K heads][D / 16] += p[k][t] * v[t] over keys [0, len): K query heads of one kv head
+// (their probability rows `len` apart), the sums held in registers; v rows one block ahead are
+// prefetched.
+template <typename T, int64_t D, int64_t K>
+inline void decode_values(__m512* acc, const float* p, int64_t len, const T* v_head,
+                          const int64_t* slots, int64_t row, int64_t bs) {
+  constexpr int64_t V = D / 16;
+  __m512 a[K][V];
+  for (int64_t x = 0; x < K; ++x)
+    for (int64_t c = 0; c < V; ++c) a[x][c] = acc[x * V + c];
+  for (int64_t t = 0; t < len; ++t) {
+    if (t + bs < len) prefetch_row(v_head + slots[t + bs] * row, D * sizeof(T));
+    const T* vr = v_head + slots[t] * row;
+    __m512 v[V];
+    for (int64_t c = 0; c < V; ++c) v[c] = load16(vr + c * 16);
+    for (int64_t x = 0; x < K; ++x) {
+      const __m512 px = _mm512_set1_ps(p[x * len + t]);
+      for (int64_t c = 0; c < V; ++c) a[x][c] = _mm512_fmadd_ps(px, v[c], a[x][c]);
+    }
+  }
+  for (int64_t x = 0; x < K; ++x)
+    for (int64_t c = 0; c < V; ++c) acc[x * V + c] = a[x][c];
+}
+
 // One sequence, kv heads [h0, h1), with 16-float vectors: each slot's rows of those heads are
 // contiguous, so a task streams through whole blocks; every key row is loaded once and dotted
 // with its G query heads. The row one block ahead is prefetched (blocks are scattered).
@@ -180,7 +204,11 @@ void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const in
       acc[j * V + c] = _mm512_setzero_ps();
     }
   std::vector<float> maxes(static_cast<size_t>(heads), -std::numeric_limits<float>::infinity());
-  auto slot_of = [&](int64_t t) { return static_cast<int64_t>(table[t / bs]) * bs + t % bs; };
+  thread_local std::vector<int64_t> slots;  // key t's slot, listed once
+  slots.resize(static_cast<size_t>(len));
+  for (int64_t t = 0, blk = 0; t < len; ++blk)
+    for (int64_t o = 0; o < bs && t < len; ++o, ++t) slots[t] = table[blk] * bs + o;
+  auto slot_of = [&](int64_t t) { return slots[t]; };
   // scores of 16 keys at a time: one partial-sum vector per (key, query head), then one
   // transposing reduction gives the 16 scores of a head as one vector
   std::vector<__m512> parts(static_cast<size_t>(heads * CHUNK));
@@ -229,20 +257,24 @@ void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const in
     if (lse != nullptr) lse[h0 * group + j] = maxes[j] + std::log(total);
     maxes[j] = 1.f / total;  // now the normaliser
   }
-  for (int64_t t = 0; t < len; ++t) {
-    const int64_t slot = slot_of(t);
-    if (t + bs < len) prefetch_row(v_cache + slot_of(t + bs) * row + h0 * D, span_bytes);
-    for (int64_t h = h0; h < h1; ++h) {
-      const T* vr = v_cache + slot * row + h * D;
-      __m512 v[V];
-      for (int64_t c = 0; c < V; ++c) v[c] = load16(vr + c * 16);
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t j = (h - h0) * group + g;
-        const __m512 p = _mm512_set1_ps(scores[j * len + t]);
-        for (int64_t c = 0; c < V; ++c) acc[j * V + c] = _mm512_fmadd_ps(p, v[c], acc[j * V + c]);
+  // per kv head, its query heads NG at a time: their sums stay in registers over all keys
+  constexpr int64_t NG = std::max<int64_t>(1, std::min<int64_t>(8, 24 / V));
+  for (int64_t h = h0; h < h1; ++h)
+    for (int64_t g0 = 0; g0 < group; g0 += NG) {
+      const int64_t j = (h - h0) * group + g0;
+      const float* p = scores.data() + j * len;
+      __m512* a = acc.data() + j * V;
+      const T* vh = v_cache + h * D;
+      switch (std::min(NG, group - g0)) {
+#define RC_VALUES(K) \
+  case K:            \
+    if constexpr (K <= NG) decode_values<T, D, K>(a, p, len, vh, slots.data(), row, bs); \
+    break;
+        RC_VALUES(1) RC_VALUES(2) RC_VALUES(3) RC_VALUES(4)
+        RC_VALUES(5) RC_VALUES(6) RC_VALUES(7) RC_VALUES(8)
+#undef RC_VALUES
       }
     }
-  }
   alignas(64) float tmp[16];
   for (int64_t j = 0; j < heads; ++j) {
     T* o = out + (h0 * group + j) * D;
