@@ -127,10 +127,7 @@ class NativeKernels:
         scale: float,
         shared: SharedDecodeGroups | None = None,
     ) -> torch.Tensor:  # [N, Hq, D]
-        if shared is None:
-            return torch.ops.radixcache.paged_decode(
-                q, k_cache, v_cache, block_tables, seq_lens, scale
-            )
+        groups = shared.tensors() if shared is not None else ()
         return torch.ops.radixcache.paged_decode(
-            q, k_cache, v_cache, block_tables, seq_lens, scale, *shared.tensors()
+            q, k_cache, v_cache, block_tables, seq_lens, scale, *groups
         )

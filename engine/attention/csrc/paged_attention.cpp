@@ -590,7 +590,8 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
   }
   const int64_t stacked = base[shared.count];
   std::vector<T> sq(static_cast<size_t>(stacked * hq * d)), so(sq.size());
-  std::vector<float> slse(static_cast<size_t>(stacked * hq)), lse(static_cast<size_t>(n * hq));
+  std::vector<float> slse(static_cast<size_t>(stacked * hq));
+  std::vector<float> lse(static_cast<size_t>(shared.count > 0 ? n * hq : 0));  // members' own part
   for (int64_t g = 0; g < shared.count; ++g) {
     const int64_t m = shared.offsets[g + 1] - shared.offsets[g];
     for (int64_t i = 0; i < m; ++i)
@@ -744,24 +745,35 @@ inline std::vector<PrefillTile> prefill_tiles(int64_t n, const int32_t* qlens, c
 constexpr int64_t TILE = 64, SMALL_TILE = 32;
 constexpr int64_t R = 4;  // query vectors scored together
 
-// acc [NR rows][V] = acc * corr + probabilities (bf16 pairs) . values (pair-interleaved rows),
-// over the first `pairs_n` key pairs of a block; the NR x V sums are held in registers.
-template <int64_t NR, int64_t V, int64_t KB2, int64_t D>
-inline void accumulate_values(__m512* acc, const __m512* corr, const uint32_t (*pairs)[KB2],
-                              const uint32_t (*vp)[D], int64_t pairs_n) {
-  __m512 a[NR][V];
-  for (int64_t x = 0; x < NR; ++x)
-    for (int64_t c = 0; c < V; ++c) a[x][c] = _mm512_mul_ps(acc[x * V + c], corr[x]);
-  for (int64_t jp = 0; jp < pairs_n; ++jp) {
-    __m512i vb[V];
-    for (int64_t c = 0; c < V; ++c) vb[c] = _mm512_load_si512(vp[jp] + c * 16);
+// sums[x][c] += sum over p < n of the bf16 pair a[x][p] . the 16 pairs b[p * b_stride + 16c ...]
+// (one vdpbf16ps each): NR rows by NC vectors of sums, held in registers through the n pairs.
+template <int64_t NR, int64_t NC>
+inline void pair_dots(__m512 (&sums)[NR][NC], const uint32_t* const* a, const uint32_t* b,
+                      int64_t b_stride, int64_t n) {
+  for (int64_t p = 0; p < n; ++p) {
+    __m512i bv[NC];
+    for (int64_t c = 0; c < NC; ++c) bv[c] = _mm512_load_si512(b + p * b_stride + c * 16);
     for (int64_t x = 0; x < NR; ++x) {
-      const __m512i pb = _mm512_set1_epi32(static_cast<int>(pairs[x][jp]));
-      for (int64_t c = 0; c < V; ++c)
-        a[x][c] = _mm512_dpbf16_ps(a[x][c], reinterpret_cast<const __m512bh&>(pb),
-                                   reinterpret_cast<const __m512bh&>(vb[c]));
+      const __m512i av = _mm512_set1_epi32(static_cast<int>(a[x][p]));
+      for (int64_t c = 0; c < NC; ++c)
+        sums[x][c] = _mm512_dpbf16_ps(sums[x][c], reinterpret_cast<const __m512bh&>(av),
+                                      reinterpret_cast<const __m512bh&>(bv[c]));
     }
   }
+}
+
+// acc [NR rows][V] = acc * corr + probabilities (bf16 pairs, a row apart) . values
+// (pair-interleaved, D pairs a row), over the first `n` key pairs of a block.
+template <int64_t NR, int64_t V, int64_t KB2, int64_t D>
+inline void accumulate_values(__m512* acc, const __m512* corr, const uint32_t (*pairs)[KB2],
+                              const uint32_t (*vp)[D], int64_t n) {
+  __m512 a[NR][V];
+  const uint32_t* rows[NR];
+  for (int64_t x = 0; x < NR; ++x) {
+    rows[x] = pairs[x];
+    for (int64_t c = 0; c < V; ++c) a[x][c] = _mm512_mul_ps(acc[x * V + c], corr[x]);
+  }
+  pair_dots<NR, V>(a, rows, vp[0], D, n);
   for (int64_t x = 0; x < NR; ++x)
     for (int64_t c = 0; c < V; ++c) acc[x * V + c] = a[x][c];
 }
@@ -820,16 +832,7 @@ void prefill_task(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16*
       __m512 sv[R][KV];
       for (int64_t x = 0; x < R; ++x)
         for (int64_t c = 0; c < KV; ++c) sv[x][c] = _mm512_setzero_ps();
-      for (int64_t p = 0; p < P; ++p) {
-        __m512i kb[KV];
-        for (int64_t c = 0; c < KV; ++c) kb[c] = _mm512_load_si512(kp[p] + c * 16);
-        for (int64_t x = 0; x < R; ++x) {
-          const __m512i qb = _mm512_set1_epi32(static_cast<int>(qr[x][p]));
-          for (int64_t c = 0; c < KV; ++c)
-            sv[x][c] = _mm512_dpbf16_ps(sv[x][c], reinterpret_cast<const __m512bh&>(qb),
-                                        reinterpret_cast<const __m512bh&>(kb[c]));
-        }
-      }
+      pair_dots<R, KV>(sv, qr, kp[0], KB, P);
       int64_t visible_max = 0;
       __m512 corr[R];
       for (int64_t x = 0; x < R; ++x) {
