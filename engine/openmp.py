@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -20,8 +21,9 @@ OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: free the threads, keep what can be k
 
 
 @functools.cache
-def _runtime() -> ctypes.CDLL | None:
-    """The OpenMP library already mapped into this process (torch's), None when there is none."""
+def _pause_all() -> Callable[[int], int] | None:
+    """omp_pause_resource_all of the OpenMP library already mapped into this process (torch's),
+    None when there is none or it predates OpenMP 5."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:  # not Linux
@@ -31,9 +33,11 @@ def _runtime() -> ctypes.CDLL | None:
         name = Path(path).name
         if name.startswith(RUNTIMES) and ".so" in name:
             try:
-                return ctypes.CDLL(path)
-            except OSError:
+                pause = ctypes.CDLL(path).omp_pause_resource_all
+            except (OSError, AttributeError):
                 return None
+            pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+            return pause
     return None
 
 
@@ -41,11 +45,9 @@ def release_thread_pool() -> bool:
     """Frees the calling thread's OpenMP workers (OpenMP 5's omp_pause_resource_all); its next
     parallel region starts new ones. Call it on a thread that hands its compute to another one.
     False where no OpenMP runtime is loaded or it refuses (inside a parallel region)."""
-    runtime = _runtime()
-    pause = getattr(runtime, "omp_pause_resource_all", None)
+    pause = _pause_all()
     if pause is None:
         return False
-    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
     ok = pause(OMP_PAUSE_SOFT) == 0
     if not ok:
         log.debug("the OpenMP runtime kept this thread's pool")

@@ -84,6 +84,16 @@ inline void softmax_rows(float* scores, int64_t group, int64_t len, float* lse) 
   }
 }
 
+// The slots of keys [0, len) of a block table (key t sits at table[t / bs] * bs + t % bs), listed
+// once per task: a division per key and head cost more than the dot products.
+inline const int64_t* list_slots(const int32_t* table, int64_t len, int64_t bs) {
+  thread_local std::vector<int64_t> slots;
+  slots.resize(static_cast<size_t>(len));
+  for (int64_t t = 0, blk = 0; t < len; ++blk)
+    for (int64_t o = 0; o < bs && t < len; ++o, ++t) slots[t] = table[blk] * bs + o;
+  return slots.data();
+}
+
 #if defined(__AVX512F__) || defined(RC_AVX2)
 inline void prefetch_row(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
@@ -204,11 +214,7 @@ void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const in
       acc[j * V + c] = _mm512_setzero_ps();
     }
   std::vector<float> maxes(static_cast<size_t>(heads), -std::numeric_limits<float>::infinity());
-  thread_local std::vector<int64_t> slots;  // key t's slot, listed once
-  slots.resize(static_cast<size_t>(len));
-  for (int64_t t = 0, blk = 0; t < len; ++blk)
-    for (int64_t o = 0; o < bs && t < len; ++o, ++t) slots[t] = table[blk] * bs + o;
-  auto slot_of = [&](int64_t t) { return slots[t]; };
+  const int64_t* slots = list_slots(table, len, bs);
   // scores of 16 keys at a time: one partial-sum vector per (key, query head), then one
   // transposing reduction gives the 16 scores of a head as one vector
   std::vector<__m512> parts(static_cast<size_t>(heads * CHUNK));
@@ -219,13 +225,13 @@ void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const in
     const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
     for (int64_t i = 0; i < CHUNK; ++i) {
       const int64_t t = t0 + i;
-      if (t + bs < len) prefetch_row(k_cache + slot_of(t + bs) * row + h0 * D, span_bytes);
+      if (t + bs < len) prefetch_row(k_cache + slots[t + bs] * row + h0 * D, span_bytes);
       for (int64_t h = h0; h < h1; ++h) {
         for (int64_t g = 0; g < group; ++g) {
           const int64_t j = (h - h0) * group + g;
           parts[j * CHUNK + i] =
               i < n ? dot_parts<T, D>(qv.data() + j * V, q + (h0 * group + j) * D,
-                                      k_cache + slot_of(t) * row + h * D)
+                                      k_cache + slots[t] * row + h * D)
                     : _mm512_setzero_ps();
         }
       }
@@ -268,7 +274,7 @@ void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const in
       switch (std::min(NG, group - g0)) {
 #define RC_VALUES(K) \
   case K:            \
-    if constexpr (K <= NG) decode_values<T, D, K>(a, p, len, vh, slots.data(), row, bs); \
+    if constexpr (K <= NG) decode_values<T, D, K>(a, p, len, vh, slots, row, bs); \
     break;
         RC_VALUES(1) RC_VALUES(2) RC_VALUES(3) RC_VALUES(4)
         RC_VALUES(5) RC_VALUES(6) RC_VALUES(7) RC_VALUES(8)
@@ -393,9 +399,7 @@ void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int3
   const int64_t stride = (len + 7) / 8 * 8;  // a score row, padded to whole vectors
   const int64_t span_bytes = (h1 - h0) * D * static_cast<int64_t>(sizeof(T));
   scores.resize(static_cast<size_t>(heads * stride));
-  std::vector<int64_t> slots(static_cast<size_t>(len));  // key t's slot (no division per key)
-  for (int64_t t = 0, blk = 0; t < len; ++blk)
-    for (int64_t o = 0; o < bs && t < len; ++o, ++t) slots[t] = table[blk] * bs + o;
+  const int64_t* slots = list_slots(table, len, bs);
   std::vector<__m256> qv(static_cast<size_t>(heads * V)), acc(static_cast<size_t>(heads * V));
   for (int64_t j = 0; j < heads; ++j)
     for (int64_t c = 0; c < V; ++c) {
@@ -589,6 +593,10 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
     }
   }
   const int64_t stacked = base[shared.count];
+  // stacked row of member i (of m) of group g, kv head h, its query head j
+  auto stacked_row = [&](int64_t g, int64_t m, int64_t i, int64_t h, int64_t j) {
+    return (base[g] * hkv + h * m + i) * group + j;
+  };
   std::vector<T> sq(static_cast<size_t>(stacked * hq * d)), so(sq.size());
   std::vector<float> slse(static_cast<size_t>(stacked * hq));
   std::vector<float> lse(static_cast<size_t>(shared.count > 0 ? n * hq : 0));  // members' own part
@@ -596,7 +604,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
     const int64_t m = shared.offsets[g + 1] - shared.offsets[g];
     for (int64_t i = 0; i < m; ++i)
       for (int64_t h = 0; h < hkv; ++h)
-        std::memcpy(sq.data() + ((base[g] * hkv + h * m + i) * group) * d,
+        std::memcpy(sq.data() + stacked_row(g, m, i, h, 0) * d,
                     qp + (shared.members[shared.offsets[g] + i] * hq + h * group) * d,
                     static_cast<size_t>(group * d) * sizeof(T));
   }
@@ -628,7 +636,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
       const int64_t b = shared.members[shared.offsets[g] + i];
       for (int64_t h = 0; h < hkv; ++h)
         for (int64_t j = 0; j < group; ++j) {
-          const int64_t row = (base[g] * hkv + h * m + i) * group + j;  // in the stacked rows
+          const int64_t row = stacked_row(g, m, i, h, j);
           const float l1 = slse[row], l2 = lse[b * hq + h * group + j];
           const float top = std::max(l1, l2);
           float w1 = std::exp(l1 - top), w2 = std::exp(l2 - top);
@@ -795,26 +803,22 @@ void prefill_task(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16*
   alignas(64) uint32_t kp[P][KB];        // key pairs: kp[p][j] = k[j][2p], k[j][2p+1]
   alignas(64) uint32_t vp[KB / 2][D];    // value pairs: vp[jp][d] = v[2jp][d], v[2jp+1][d]
   alignas(64) uint32_t pairs[R][KB / 2];  // probabilities of R rows as bf16 pairs
-  thread_local std::vector<int64_t> slots;  // key t's slot (no division per key)
-  slots.resize(static_cast<size_t>(last_pos + 1));
-  for (int64_t t = 0, blk = 0; t <= last_pos; ++blk)
-    for (int64_t o = 0; o < bs && t <= last_pos; ++o, ++t) slots[t] = table[blk] * bs + o;
-  auto slot_of = [&](int64_t t) { return slots[t]; };
+  const int64_t* slots = list_slots(table, last_pos + 1, bs);
   for (int64_t k0 = 0; k0 <= last_pos; k0 += KB) {
     const int64_t n = std::min(KB, last_pos + 1 - k0);
     for (int64_t j = 0; j < KB; ++j) {
       const uint32_t* kr =
-          j < n ? reinterpret_cast<const uint32_t*>(k_cache + slot_of(k0 + j) * row + kvh * D)
+          j < n ? reinterpret_cast<const uint32_t*>(k_cache + slots[k0 + j] * row + kvh * D)
                 : nullptr;
       for (int64_t p = 0; p < P; ++p) kp[p][j] = kr ? kr[p] : 0u;
     }
     for (int64_t jp = 0; jp < KB / 2; ++jp) {
       const int64_t j0 = 2 * jp, j1 = 2 * jp + 1;
       const uint16_t* v0 =
-          j0 < n ? reinterpret_cast<const uint16_t*>(v_cache + slot_of(k0 + j0) * row + kvh * D)
+          j0 < n ? reinterpret_cast<const uint16_t*>(v_cache + slots[k0 + j0] * row + kvh * D)
                  : nullptr;
       const uint16_t* v1 =
-          j1 < n ? reinterpret_cast<const uint16_t*>(v_cache + slot_of(k0 + j1) * row + kvh * D)
+          j1 < n ? reinterpret_cast<const uint16_t*>(v_cache + slots[k0 + j1] * row + kvh * D)
                  : nullptr;
       for (int64_t d = 0; d < D; ++d)
         vp[jp][d] = (v0 ? v0[d] : 0u) | (static_cast<uint32_t>(v1 ? v1[d] : 0u) << 16);
