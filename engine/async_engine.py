@@ -22,6 +22,7 @@ from engine.outputs import RequestOutput
 from engine.request import GenerateJob, Prompt
 from engine.sampling import SamplingParams
 from engine.stats import EngineSnapshot
+from engine.structured.constraints import Constraint
 from radixcache.integrity import IntegrityError
 from radixcache.stats import CacheStats, PrefixInfo
 
@@ -191,6 +192,13 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(AbortRequest(request_id))
+
+    async def prepare_constraints(self, constraints: list[Constraint]) -> None:
+        """Compiles each constraint into the engine's grammar cache, on worker threads (not the
+        event loop, not the engine thread); raises ConstraintError for a bad or unsupported one.
+        Await it before open_streams: the request then finds its grammar compiled."""
+        unique = list(dict.fromkeys(constraints))
+        await asyncio.gather(*(asyncio.to_thread(self.engine.grammars.compile, c) for c in unique))
 
     # --- analytics and administration (blocking: call off the event loop) ---
     def snapshot(self) -> EngineSnapshot:

@@ -22,6 +22,7 @@ from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.stats import EngineSnapshot, EngineStats, StepStats
 from engine.stop_checker import StopChecker
+from engine.structured.compiler import GrammarCompiler
 from radixcache.hashing import Namespace
 from radixcache.stats import CacheStats, PrefixInfo
 
@@ -46,6 +47,11 @@ class LLMEngine:
         self.runner = parts.runner
         self.sampler = parts.sampler
         self.stop = StopChecker(set(self.tokenizer.eos_token_ids), self.max_model_len)
+        self.grammars = GrammarCompiler(
+            self.tokenizer.backend.to_str(),
+            parts.model.config.vocab_size,
+            list(self.tokenizer.eos_token_ids),
+        )
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
         self.analytics = CacheAnalytics(self.stats, self.scheduler, self.prefix_cache, self.tiers)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.structured.constraints import Constraint
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -23,6 +25,8 @@ class SamplingParams:
     logprobs: int | None = None  # None = off; k = also return the top-k logprobs per token
     priority: int = 0  # lower runs first; ties are FCFS
     skip_special_tokens: bool = True
+    constraint: Constraint | None = None  # the output must match it (engine/structured/)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]), OpenAI's
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -30,6 +34,8 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop or ()))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in bias or ()))
         self._validate()
 
     def _validate(self) -> None:
@@ -53,6 +59,10 @@ class SamplingParams:
             raise ValueError("logprobs must be in [0, 20]")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if any(t < 0 for t, _ in self.logit_bias):
+            raise ValueError("logit_bias token ids must be >= 0")
+        if any(not -100 <= b <= 100 for _, b in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
 
     @property
     def greedy(self) -> bool:

@@ -1,0 +1,2 @@
+"""Constrained decoding: constraint specs, their compiled grammars (cached) and per-sequence
+matchers that mask the sampler's logits."""

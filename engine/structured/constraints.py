@@ -1,0 +1,67 @@
+"""What a request's output must match: the specs the API builds and the engine compiles.
+
+Torch-free, frozen and hashable, so a spec is its own compile-cache key. Build a JsonSchema from a
+dict with `json_schema(...)`, which writes the canonical text (sorted keys, compact separators), so
+the same schema always hits the same cache entry."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+class ConstraintError(ValueError):
+    """A bad or unsupported constraint; str(e) is a user-facing message (HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class JsonSchema:
+    schema: str  # the schema as canonical JSON text (sort_keys, compact)
+
+
+@dataclass(frozen=True)
+class JsonObject:
+    """Any JSON object (response_format json_object)."""
+
+
+@dataclass(frozen=True)
+class Regex:
+    pattern: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    options: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", tuple(self.options))
+
+
+@dataclass(frozen=True)
+class Grammar:
+    text: str  # Lark or GBNF/EBNF text, as vLLM's structured_outputs.grammar
+
+
+@dataclass(frozen=True)
+class TaggedJson:
+    """Tool calls: `begin` + one JSON value matching `schema` + `end`; repeated (joined by
+    `separator`) when `repeat`; then the output ends (EOS forced)."""
+
+    begin: str  # e.g. "<tool_call>\n"
+    schema: str  # canonical JSON text, as JsonSchema.schema
+    end: str  # e.g. "\n</tool_call>"
+    repeat: bool = False
+    separator: str = "\n"
+
+
+Constraint = JsonSchema | JsonObject | Regex | Choice | Grammar | TaggedJson
+
+
+def canonical_json(value: Any) -> str:
+    """The one text form of a schema: sorted keys, compact separators."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def json_schema(schema: dict[str, Any] | bool) -> JsonSchema:
+    return JsonSchema(canonical_json(schema))
