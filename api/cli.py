@@ -263,6 +263,12 @@ def _server_args(p: argparse.ArgumentParser) -> None:
         help="/metrics names: ours, or vLLM's for what vLLM also reports (its dashboards work)",
     )
     g.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"],
+        help="format of the model's tool calls (default: the one its chat template teaches)",
+    )
+    g.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="uvicorn"
     )
 
@@ -329,6 +335,7 @@ def api_config(args: argparse.Namespace) -> Any:
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
         metrics_names=args.metrics_names,
+        tool_call_parser=args.tool_call_parser,
     )
 
 

@@ -35,6 +35,7 @@ class ApiConfig:
     stats_history_s: float = 3600.0
     default_max_tokens: int = 256
     metrics_names: str = "radixcache"  # or "vllm": shared metrics under vLLM's names
+    tool_call_parser: str | None = None  # tool-call format; None: the chat template's (hermes)
 
     @property
     def auth_enabled(self) -> bool:
