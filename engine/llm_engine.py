@@ -23,6 +23,9 @@ from engine.scheduler import ScheduledBatch
 from engine.stats import EngineSnapshot, EngineStats, StepStats
 from engine.stop_checker import StopChecker
 from engine.structured.compiler import GrammarCompiler
+from engine.structured.guide import Guide
+from engine.structured.masks import TokenMasks
+from engine.structured.matcher import SequenceMatcher
 from radixcache.hashing import Namespace
 from radixcache.stats import CacheStats, PrefixInfo
 
@@ -52,6 +55,8 @@ class LLMEngine:
             parts.model.config.vocab_size,
             list(self.tokenizer.eos_token_ids),
         )
+        self.guide = Guide(self.grammars, parts.model.config.vocab_size)
+        self.vocab_size = parts.model.config.vocab_size
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
         self.analytics = CacheAnalytics(self.stats, self.scheduler, self.prefix_cache, self.tiers)
@@ -74,13 +79,14 @@ class LLMEngine:
             raise ValueError(f"duplicate request id {request_id!r}")
         try:
             self.check_request(prompt, params)
+            matcher = self.guide.matcher_for(params)  # ConstraintError (a ValueError) if bad
         except ValueError:
             self.stats.requests_rejected += 1
             raise
         request = Request(
             request_id, prompt.text, prompt.token_ids, params, self.namespace_for(cache_salt)
         )
-        seq = self._new_sequence(request, 0, token_array(prompt.token_ids))
+        seq = self._new_sequence(request, 0, token_array(prompt.token_ids), matcher)
         seq.pending_forks = params.n - 1
         self.requests[request_id] = request
         self.scheduler.add(seq)
@@ -91,6 +97,8 @@ class LLMEngine:
         so any thread may call it."""
         if not prompt.token_ids:
             raise ValueError("the prompt is empty")
+        if any(t >= self.vocab_size for t, _ in params.logit_bias):
+            raise ValueError(f"logit_bias token ids must be < {self.vocab_size} (the vocabulary)")
         self.scheduler.check_fits(len(prompt.token_ids), params.max_tokens)
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -119,9 +127,12 @@ class LLMEngine:
         self._commit(batch)
         rows, logits = self._sampling_rows(batch, result)
         t1 = time.perf_counter()
-        sampled = self.sampler(logits, [self._sample_row(s) for s in rows])
+        rows, logits, masks, dead = self.guide.select(rows, logits)
+        sampled = self._sample(rows, logits, masks)
         stats.sample_time = time.perf_counter() - t1
-        outputs = self._postprocess(rows, sampled)
+        for seq in dead:
+            self._finish(seq, "error")
+        outputs = self._postprocess(rows, sampled, dead)
         stats.forward_time = result.forward_time
         stats.step_time = time.perf_counter() - t0
         self.stats.record(stats)
@@ -148,8 +159,17 @@ class LLMEngine:
             return rows, result.logits
         return rows, result.logits[logit_rows]
 
-    def _postprocess(self, rows: list[Sequence], sampled: SamplerOutput) -> list[RequestOutput]:
-        touched: dict[str, Request] = {}
+    def _sample(
+        self, rows: list[Sequence], logits: torch.Tensor, masks: TokenMasks | None
+    ) -> SamplerOutput:
+        if not rows:
+            return SamplerOutput([], None, None)
+        return self.sampler(logits, [self._sample_row(s) for s in rows], masks)
+
+    def _postprocess(
+        self, rows: list[Sequence], sampled: SamplerOutput, dead: list[Sequence]
+    ) -> list[RequestOutput]:
+        touched: dict[str, Request] = {s.request.request_id: s.request for s in dead}
         for i, seq in enumerate(rows):
             lp = None if sampled.logprobs is None else sampled.logprobs[i]
             top = None if sampled.top_logprobs is None else sampled.top_logprobs[i]
@@ -174,9 +194,14 @@ class LLMEngine:
             seq.logprobs.append(logprob)
             seq.top_logprobs.append(top or {})
         reason = self.stop.check(seq, token)
+        if reason is None and seq.matcher is not None:
+            reason = self.guide.advance(seq, token)  # the grammar wins over ignore_eos at its end
         if reason is not None:
-            seq.finish_reason = reason
-            self.scheduler.remove(seq)
+            self._finish(seq, reason)
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        self.scheduler.remove(seq)
 
     def _unblock(self) -> list[RequestOutput]:
         """Nothing runs, yet the head of the queue cannot be admitted (pinned blocks hold the
@@ -205,13 +230,20 @@ class LLMEngine:
         return stats
 
     # --- sequences ---
-    def _new_sequence(self, request: Request, index: int, token_ids: array) -> Sequence:
+    def _new_sequence(
+        self,
+        request: Request,
+        index: int,
+        token_ids: array,
+        matcher: SequenceMatcher | None = None,
+    ) -> Sequence:
         params = request.params
         generator = None
         if params.seed is not None:
             generator = torch.Generator().manual_seed(params.seed * 1_000_003 + index)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens)
         seq = Sequence(request, index, token_ids, len(request.prompt_token_ids), generator, detok)
+        seq.matcher = matcher
         request.seqs.append(seq)
         return seq
 
@@ -220,7 +252,10 @@ class LLMEngine:
         while parent.pending_forks > 0:
             parent.pending_forks -= 1
             index = parent.request.params.n - 1 - parent.pending_forks
-            child = self._new_sequence(parent.request, index, token_array(parent.token_ids))
+            matcher = None if parent.matcher is None else parent.matcher.copy()
+            child = self._new_sequence(
+                parent.request, index, token_array(parent.token_ids), matcher
+            )
             if self.blocks.fork(parent, child):
                 self.scheduler.add_running(child)
                 children.append(child)

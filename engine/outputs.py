@@ -18,9 +18,10 @@ class CompletionDelta:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None while running
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
+    error: str | None = None  # a user-facing message when finish_reason is "error"
 
     @property
     def finished(self) -> bool:
@@ -56,7 +57,7 @@ def take_delta(seq: Sequence) -> CompletionDelta | None:
     seq.num_sent_chars = len(text)
     seq.finish_sent = finished
     return CompletionDelta(
-        seq.index, new_text, list(seq.token_ids[start:end]), seq.finish_reason, lp, top
+        seq.index, new_text, list(seq.token_ids[start:end]), seq.finish_reason, lp, top, seq.error
     )
 
 
@@ -89,11 +90,13 @@ class Completion:
     finish_reason: str | None = None
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
+    error: str | None = None
 
     def add(self, delta: CompletionDelta) -> None:
         self.text += delta.text
         self.token_ids += delta.token_ids
         self.finish_reason = delta.finish_reason
+        self.error = delta.error
         if delta.logprobs is not None:
             if self.logprobs is None:
                 self.logprobs, self.top_logprobs = [], []

@@ -80,11 +80,13 @@ class Sequence:
     num_sent_tokens: int = 0
     num_sent_chars: int = 0
     finish_sent: bool = False
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None  # why it ended, when finish_reason is "error"
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
     first_token_time: float | None = None
     num_preemptions: int = 0
+    matcher: Any = None  # engine.structured.matcher.SequenceMatcher when params.constraint
 
     @property
     def params(self) -> SamplingParams:

@@ -1,7 +1,14 @@
-"""Batched sampling: penalties, temperature, top-k/top-p/min-p, per-row seeds, logprobs.
+"""Batched sampling: logit_bias and grammar masks, penalties, temperature, top-k/top-p/min-p,
+per-row seeds, logprobs.
 
 Every transform runs on the whole [S, vocab] batch; the only per-row Python is drawing the uniform
-of rows that carry their own torch.Generator (a generator cannot be shared across rows)."""
+of rows that carry their own torch.Generator (a generator cannot be shared across rows).
+
+Order: logit_bias, then the grammar masks (one masked_fill over the constrained rows), then the
+logprobs are taken, then penalties, temperature, top-k/top-p/min-p and the draw (or argmax). So a
+constrained row's logprobs are those of the constrained distribution: the model's, biased, with
+every disallowed token at -inf, renormalised over the allowed ones (before penalties and
+temperature, as the unconstrained rows' are of the raw model distribution)."""
 
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import torch
 from torch.profiler import record_function
 
 from engine.sampling import SamplingParams
+from engine.structured.masks import TokenMasks
 
 
 @dataclass
@@ -26,7 +34,7 @@ class SampleRow:
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
-    logprobs: list[float] | None  # logprob of each sampled token (raw model distribution)
+    logprobs: list[float] | None  # logprob of each sampled token (biased, masked distribution)
     top_logprobs: list[dict[int, float]] | None  # per row: top-k token -> logprob (k from params)
 
 
@@ -34,13 +42,22 @@ class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> SamplerOutput:
+    def __call__(
+        self, logits: torch.Tensor, rows: list[SampleRow], masks: TokenMasks | None = None
+    ) -> SamplerOutput:
+        """Samples one token per row; `masks` hold the grammar masks of the constrained rows."""
         with record_function("sample"):
-            return self._sample(logits, rows)
+            return self._sample(logits, rows, masks)
 
-    def _sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> SamplerOutput:
+    def _sample(
+        self, logits: torch.Tensor, rows: list[SampleRow], masks: TokenMasks | None
+    ) -> SamplerOutput:
         # logits: [S, vocab] float32, one row per entry of `rows`
         params = [r.params for r in rows]
+        if any(p.logit_bias for p in params):
+            logits = apply_logit_bias(logits, params)
+        if masks is not None:
+            logits = apply_token_masks(logits, masks)
         want_logprobs = any(p.logprobs is not None for p in params)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         if any(p.has_penalties for p in params):
@@ -90,6 +107,28 @@ class Sampler:
         # right=True: the first index whose sum exceeds u, so a zero-probability token (its sum
         # equal to its predecessor's) is never chosen; u < total keeps it inside the vocabulary
         return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+
+def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Each row's (token, bias) pairs added; ids past the vocabulary are ignored."""
+    vocab = logits.shape[1]
+    at = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias if t < vocab]
+    if not at:
+        return logits
+    row, token, bias = zip(*at, strict=True)
+    index = (torch.tensor(row), torch.tensor(token))
+    return logits.index_put(index, torch.tensor(bias, dtype=logits.dtype), accumulate=True)
+
+
+def apply_token_masks(logits: torch.Tensor, masks: TokenMasks) -> torch.Tensor:
+    """Disallowed tokens of the masked rows at -inf: one masked_fill for all of them."""
+    banned = ~masks.allowed(logits.shape[1])  # [len(masks.rows), vocab]
+    if len(masks.rows) == logits.shape[0]:
+        return logits.masked_fill(banned, float("-inf"))
+    out = logits.clone()
+    index = torch.tensor(masks.rows)
+    out[index] = logits[index].masked_fill(banned, float("-inf"))
+    return out
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
@@ -144,5 +183,6 @@ def gather_logprobs(
         values, ids = logprobs.topk(k_max, dim=-1)
         for i, p in enumerate(params):
             k = p.logprobs or 0
-            tops[i] = dict(zip(ids[i, :k].tolist(), values[i, :k].tolist(), strict=True))
+            pairs = zip(ids[i, :k].tolist(), values[i, :k].tolist(), strict=True)
+            tops[i] = {t: v for t, v in pairs if v != float("-inf")}  # masked tokens left out
     return chosen, tops

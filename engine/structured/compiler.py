@@ -51,14 +51,14 @@ def grammar_text(constraint: Constraint) -> str:
     match constraint:
         case JsonSchema(schema):
             return llg.LLMatcher.grammar_from_json_schema(
-                _load_schema(schema), overrides=JSON_OPTIONS
+                closed(_load_schema(schema)), overrides=JSON_OPTIONS
             )
         case JsonObject():
             return llg.LLMatcher.grammar_from_json_schema(
                 {"type": "object"}, overrides=JSON_OPTIONS
             )
-        case Regex(pattern):
-            return llg.LLMatcher.grammar_from_regex(pattern)
+        case Regex(pattern):  # \d, \w, \s are ASCII (as users of these APIs expect)
+            return llg.LLMatcher.grammar_from_lark(f"start: /{llg.regex_to_lark(pattern, 'dws')}/")
         case Choice(options):
             if not options:
                 raise ConstraintError("a choice needs at least one option")
@@ -81,12 +81,29 @@ def _load_schema(schema: str) -> Any:
     return value
 
 
+def closed(schema: Any) -> Any:
+    """`additionalProperties: false` on every object schema that lists properties and says
+    nothing of others (xgrammar's strict mode, vLLM's default): a listed object ends after its
+    properties instead of running on with invented keys. Outputs stay valid for the schema."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {
+        k: closed(v) if k not in ("const", "enum", "default", "examples") else v
+        for k, v in schema.items()
+    }
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def _lark_str(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)  # a Lark string literal: JSON escapes
 
 
 def _tagged_lark(c: TaggedJson) -> str:
-    schema = _load_schema(c.schema)
+    schema = closed(_load_schema(c.schema))
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
     schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_OPTIONS}}

@@ -1,8 +1,10 @@
 """What a request's output must match: the specs the API builds and the engine compiles.
 
 Torch-free, frozen and hashable, so a spec is its own compile-cache key. Build a JsonSchema from a
-dict with `json_schema(...)`, which writes the canonical text (sorted keys, compact separators), so
-the same schema always hits the same cache entry."""
+dict with `json_schema(...)` (or the text with `canonical_json`): compact separators, keys in the
+order given. Property order is generation order (the grammar emits an object's properties in the
+order its schema lists them: a tool call's "name" before its "arguments"), so keys are not sorted;
+the same schema from the same caller still gives the same text, hence the same cache entry."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ class ConstraintError(ValueError):
 
 @dataclass(frozen=True)
 class JsonSchema:
-    schema: str  # the schema as canonical JSON text (sort_keys, compact)
+    schema: str  # the schema as canonical JSON text (canonical_json: compact, keys in order)
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,8 @@ Constraint = JsonSchema | JsonObject | Regex | Choice | Grammar | TaggedJson
 
 
 def canonical_json(value: Any) -> str:
-    """The one text form of a schema: sorted keys, compact separators."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """The one text form of a schema: compact separators, keys in the caller's order (see above)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def json_schema(schema: dict[str, Any] | bool) -> JsonSchema:
