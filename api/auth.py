@@ -1,7 +1,9 @@
 """Bearer API keys, the admin key, and tenant -> cache_salt isolation.
 
 Modes:
-- no keys configured: single-user local server, every caller is admin;
+- no keys configured, bound to loopback: single-user local server, every caller is admin;
+- no keys configured, bound to a network address: the API is open, the admin endpoints are closed
+  (every tenant's prompt previews, flush, pin) unless the server was started with --open-admin;
 - --api-key given: every API call needs one of the keys; each key belongs to a tenant whose
   requests run under their own cache salt, so tenants never share (or see) each other's prefixes;
 - --admin-key: needed for the admin endpoints (prefixes, flush, pin/unpin), also accepted as an API
@@ -62,7 +64,7 @@ def _find_tenant(keys: dict[str, str], token: str) -> str | None:
 def identify(config: ApiConfig, request: Request) -> Caller:
     """Who is calling; raises 401 when API keys are on and the request has no valid one."""
     if not config.auth_enabled:
-        return Caller(tenant=None, is_admin=True)
+        return Caller(tenant=None, is_admin=config.open_admin)
     token = _bearer(request)
     admin = config.admin_key
     if (
@@ -87,6 +89,13 @@ def require_admin(config: ApiConfig, request: Request) -> Caller:
     caller = identify(config, request)
     if caller.is_admin:
         return caller
+    if config.admin_key is None and not config.auth_enabled:
+        raise ApiError(
+            403,
+            "Admin endpoints are closed: the server is bound to a network address without keys;"
+            " start it with --admin-key (or --open-admin to open them to every caller)",
+            code="admin_closed",
+        )
     if config.admin_key is None:
         raise ApiError(403, "Admin endpoints are disabled: start the server with --admin-key")
     if _bearer(request) is None:

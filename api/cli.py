@@ -245,6 +245,12 @@ def _server_args(p: argparse.ArgumentParser) -> None:
         "--admin-key", default=None, help="key for /v1/cache/prefixes, flush, pin and unpin"
     )
     g.add_argument(
+        "--open-admin",
+        action="store_true",
+        help="with no keys on a network address: every caller may use the admin endpoints"
+        " (without it they are closed there; on loopback they are open anyway)",
+    )
+    g.add_argument(
         "--max-queue",
         type=int,
         default=256,
@@ -331,6 +337,7 @@ def api_config(args: argparse.Namespace) -> Any:
     return ApiConfig(
         api_keys=parse_api_keys(args.api_key),
         admin_key=args.admin_key,
+        open_admin=admin_open(args),
         served_model_name=args.served_model_name,
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
@@ -356,9 +363,29 @@ def describe_tiers(cfg: Any, device_blocks: int | None = None) -> str:
     return " -> ".join(parts)
 
 
-def describe_auth(acfg: Any) -> str:
-    if not acfg.auth_enabled:
+def admin_open(args: argparse.Namespace) -> bool:
+    """Keyless callers are admins on loopback, elsewhere only with --open-admin."""
+    from api.config import is_loopback
+
+    return args.open_admin or is_loopback(args.host)
+
+
+def describe_auth(acfg: Any, host: str) -> str:
+    from api.config import is_loopback
+
+    if not acfg.auth_enabled and acfg.open_admin:
+        if not is_loopback(host):
+            return (
+                f"no API keys and --open-admin: every caller who can reach {host} may use the"
+                " admin endpoints (every tenant's prompt previews, flush, pin)"
+            )
         return "no API keys: local mode, every caller may use the admin endpoints"
+    if not acfg.auth_enabled:
+        return (
+            f"no API keys: the API is open to every caller on {host}; the admin endpoints and"
+            " the dashboard's admin view are closed (bound to a network address: give"
+            " --admin-key, or --open-admin to open them to every caller)"
+        )
     keys = f"{len(acfg.api_keys)} API key(s)" if acfg.api_keys else "API open (no --api-key)"
     admin = "admin key set" if acfg.admin_key else "admin endpoints disabled (no --admin-key)"
     return f"{keys}; {admin}"
@@ -396,7 +423,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         dtype = state.engine.engine.namespace.kv_dtype
         print(f"radixcache: serving {state.model_name} ({dtype}) at {url}/v1", flush=True)
         print(f"radixcache: KV cache tiers: {describe_tiers(ecfg, blocks)}", flush=True)
-        print(f"radixcache: {describe_auth(acfg)}", flush=True)
+        print(f"radixcache: {describe_auth(acfg, args.host)}", flush=True)
         publisher = state.engine.engine.kv_events
         if publisher is not None:
             replay = publisher.replay_endpoint or "no replay"
@@ -425,6 +452,7 @@ def cmd_route(args: argparse.Namespace) -> int:
     acfg = ApiConfig(
         api_keys=parse_api_keys(args.api_key),
         admin_key=args.admin_key,
+        open_admin=admin_open(args),
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
     )

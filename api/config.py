@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import socket
 from dataclasses import dataclass, field
 
 
@@ -36,7 +38,20 @@ class ApiConfig:
     default_max_tokens: int = 256
     metrics_names: str = "radixcache"  # or "vllm": shared metrics under vLLM's names
     tool_call_parser: str | None = None  # tool-call format; None: the chat template's (hermes)
+    # with no key configured, a caller is admin only while this holds: the server is bound to
+    # loopback, or --open-admin said so (on a network address anyone could read every prompt)
+    open_admin: bool = True
 
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys) or self.admin_key is not None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` names is a loopback one (127.0.0.0/8, ::1): 0.0.0.0, ::, a
+    LAN address or a name that resolves to one are reachable from the network."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)

@@ -53,6 +53,8 @@ async def data(request: Request, limit: int = Query(20, ge=1, le=200)) -> dict[s
     engine = state.engine
     if caller.is_admin:
         infos = await asyncio.to_thread(engine.hottest_prefixes, limit, None)
+    elif caller.tenant is None and not state.config.auth_enabled:
+        infos = []  # keyless callers on a network address: that namespace is everyone's prompts
     else:
         infos = []
         for salt in owned_salts(total, caller):

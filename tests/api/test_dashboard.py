@@ -186,6 +186,7 @@ def test_admin_sees_every_panel_with_the_stats_numbers(open_dashboard, dash_serv
             "sizing_advice"
         ]
     )
+    assert page.locator(".collecting:visible").count() == 0  # samples exist: plots, no note
     tenants = dash.traces("tenants")[0]
     assert {"alice", "bob"} <= set(tenants["x"])
     table = page.locator("#prefixes").inner_text()
@@ -195,6 +196,33 @@ def test_admin_sees_every_panel_with_the_stats_numbers(open_dashboard, dash_serv
     if os.environ.get("RADIXCACHE_SCREENSHOT") == "1":
         SCREENSHOT.write_bytes(shot)
     assert dash.errors == [] and dash.outside == []
+
+
+def test_before_the_first_sample_the_plots_say_data_is_being_collected(
+    browser: Browser, tiny_llama: Path
+) -> None:
+    # a sampling interval longer than the test: the history holds no point while the page is open
+    cfg = ApiConfig(stats_interval_s=600, stats_history_s=1200)
+    handle = start_server(engine_config(tiny_llama), cfg)
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    try:
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{handle.url}/dashboard")
+        page.wait_for_function("Number(document.body.dataset.refreshes || 0) > 0")
+        assert httpx.get(f"{handle.url}/v1/cache/stats/history").json()["points"] == []
+        for panel in ("hit-rate", "latency", "requests", "tiers"):
+            note = page.locator(f"#panel-{panel} .collecting")
+            assert note.is_visible(), panel
+            assert "Collecting data" in note.inner_text() and "600 s" in note.inner_text()
+            assert page.locator(f"#plot-{panel}").is_hidden(), panel
+            assert page.locator(f"#plot-{panel} .main-svg").count() == 0  # no empty axes
+        assert page.locator("#plot-mrc .main-svg").count() > 0  # the curve needs no history
+        assert errors == []
+    finally:
+        context.close()
+        handle.stop()
 
 
 def test_tenant_sees_only_its_own_prefixes(open_dashboard) -> None:

@@ -11,6 +11,7 @@ const BASE_LAYOUT = {
   font: { size: 11 },
 };
 
+const TIME_SERIES = ["hit-rate", "latency", "requests", "tiers"];
 const KEY_STORE = "radixcache-dashboard-key";
 let busy = false;
 
@@ -48,6 +49,40 @@ function draw(id, traces, extraLayout) {
   Plotly.react("plot-" + id, traces, layout(extraLayout), PLOT_CONFIG);
   const points = traces.reduce((n, t) => n + (t.x ? t.x.length : 0), 0);
   document.getElementById("panel-" + id).dataset.points = String(points);
+}
+
+// Before the first history sample a time-series plot would be empty axes: say what is coming.
+function showCollecting(id, intervalS, collecting) {
+  const panel = document.getElementById("panel-" + id);
+  const plot = document.getElementById("plot-" + id);
+  let note = panel.querySelector(".collecting");
+  if (!collecting) {
+    if (note) note.hidden = true;
+    plot.hidden = false;
+    return;
+  }
+  if (!note) {
+    note = document.createElement("p");
+    note.className = "collecting";
+    panel.insertBefore(note, plot);
+  }
+  note.textContent = `Collecting data: the server samples its counters every ${intervalS} s; ` +
+    "this plot starts with the first sample.";
+  note.hidden = false;
+  Plotly.purge(plot);
+  plot.hidden = true;
+  panel.dataset.points = "0";
+}
+
+function drawTimeSeries(history) {
+  const points = history.points;
+  TIME_SERIES.forEach((id) => showCollecting(id, history.interval_s, points.length === 0));
+  if (points.length === 0) return;
+  const x = points.map((p) => new Date(p.end * 1000));
+  drawHitRate(points, x);
+  drawLatency(points, x);
+  drawRequests(points, x);
+  drawTiers(points, x);
 }
 
 function drawHitRate(points, x) {
@@ -200,13 +235,8 @@ async function refresh() {
       api("/v1/cache/stats/history"),
       api("/dashboard/data"),
     ]);
-    const points = history.points;
-    const x = points.map((p) => new Date(p.end * 1000));
     drawHeadline(stats, data);
-    drawHitRate(points, x);
-    drawLatency(points, x);
-    drawRequests(points, x);
-    drawTiers(points, x);
+    drawTimeSeries(history);
     drawCurve(stats, data.sizing_advice, data.spill_estimate);
     drawTenants(data.tenants);
     drawPrefixes(data.prefixes, data.caller.is_admin);
