@@ -16,6 +16,7 @@ from api.errors import ApiError, parse_body
 from api.protocol import LookupRequest, _Request
 from api.state import ServerState, state_of
 from api.validation import check_model, encode_prompt
+from engine.kv.admin import Flush, HottestPrefixes, Lookup, Pin, Unpin
 from radixcache.stats import PrefixInfo
 
 router = APIRouter(prefix="/v1/cache")
@@ -68,7 +69,7 @@ async def stats(
 async def lookup(request: Request) -> dict[str, Any]:
     state = state_of(request)
     state, ids, salt = await _parse(request, identify(state.config, request))
-    found = await asyncio.to_thread(state.engine.lookup, ids, salt)
+    found = await asyncio.to_thread(state.engine.admin, Lookup(ids, salt))
     cached = min(sum(found.values()), len(ids))
     return {
         "prompt_tokens": len(ids),
@@ -100,7 +101,7 @@ async def prefixes(
 ) -> dict[str, Any]:
     state = state_of(request)
     require_admin(state.config, request)
-    infos = await asyncio.to_thread(state.engine.hottest_prefixes, limit, cache_salt)
+    infos = await asyncio.to_thread(state.engine.admin, HottestPrefixes(limit, cache_salt))
     tok = state.engine.tokenizer
     return {"object": "list", "data": [_prefix_row(tok, i) for i in infos]}
 
@@ -111,7 +112,7 @@ async def flush(request: Request) -> dict[str, Any]:
     require_admin(state.config, request)
     body = await request.body()
     req = parse_body(body, FlushRequest) if body.strip() else FlushRequest()
-    blocks = await asyncio.to_thread(state.engine.flush, req.cache_salt)
+    blocks = await asyncio.to_thread(state.engine.admin, Flush(req.cache_salt))
     return {"flushed_blocks": blocks, "cache_salt": req.cache_salt}
 
 
@@ -119,8 +120,8 @@ async def _admin_prompt_op(request: Request, pin: bool) -> tuple[int, int]:
     """Pins or unpins the body's prompt (admin only) -> (tokens, prompt tokens)."""
     caller = require_admin(state_of(request).config, request)
     state, ids, salt = await _parse(request, caller)
-    op = state.engine.pin if pin else state.engine.unpin
-    tokens = await asyncio.to_thread(op, ids, salt)
+    op = Pin(ids, salt) if pin else Unpin(ids, salt)
+    tokens = await asyncio.to_thread(state.engine.admin, op)
     return tokens, len(ids)
 
 

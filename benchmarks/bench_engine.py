@@ -43,6 +43,7 @@ from benchmarks.workloads import (
 from engine.attention import make_attention_backend
 from engine.config import EngineConfig
 from engine.dtypes import resolve_dtype, torch_dtype
+from engine.kv.admin import Flush
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestResult
 from engine.request import Prompt
@@ -153,7 +154,7 @@ def run_workload(engine: LLMEngine, workload: str, vocab: int, step_range: bool 
 
 def warm(engine: LLMEngine, vocab: int) -> None:
     run_batch(engine, [random_tokens(random.Random(WARMUP_SEED), 64, vocab)], "warm")
-    engine.prefix_cache.flush()
+    engine.admin(Flush())
 
 
 def bench_engine(

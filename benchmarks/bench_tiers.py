@@ -26,6 +26,7 @@ import redis
 import redis.utils
 import torch
 
+from engine.kv.admin import Flush
 from engine.llm import LLM
 from engine.sampling import SamplingParams
 from radixcache.hashing import Namespace, block_hashes
@@ -176,7 +177,7 @@ def ttft(llm: LLM, prompt: list[int]) -> tuple[float, dict[str, int]]:
 
 def settle(llm: LLM) -> None:
     """Device cache emptied into the tiers, every queued write done."""
-    llm.engine.flush()
+    llm.engine.admin(Flush())
     store = tier_store(llm)
     if store is not None:
         store.wait_idle()

@@ -7,12 +7,10 @@ from typing import TYPE_CHECKING
 from engine.stats import EngineSnapshot
 
 if TYPE_CHECKING:
-    from engine.kv_tiers import KVTiers
+    from engine.kv.tiers import KVTiers
     from engine.scheduler import Scheduler
     from engine.stats import EngineStats
-    from radixcache.hashing import Namespace
     from radixcache.prefix_cache import PrefixCache
-    from radixcache.stats import PrefixInfo
 
 
 class CacheAnalytics:
@@ -32,10 +30,7 @@ class CacheAnalytics:
         return EngineSnapshot(
             totals=self.stats.copy(),
             running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
+            waiting=len(self.scheduler.waiting) + len(self.scheduler.loading),
             cache=self.prefix_cache.stats(),
             tiers=None if self.tiers is None else self.tiers.store.stats(),
         )
-
-    def hottest_prefixes(self, limit: int, ns: Namespace | None) -> list[PrefixInfo]:
-        return self.prefix_cache.hottest_prefixes(limit, ns)

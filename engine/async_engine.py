@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from engine.config import EngineConfig
+from engine.kv.admin import AdminOp, CheckIntegrity
 from engine.llm_engine import LLMEngine
 from engine.openmp import release_thread_pool
 from engine.outputs import RequestOutput
@@ -24,7 +25,6 @@ from engine.sampling import SamplingParams
 from engine.stats import EngineSnapshot
 from engine.structured.constraints import Constraint
 from radixcache.integrity import IntegrityError
-from radixcache.stats import CacheStats, PrefixInfo
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -204,31 +204,14 @@ class AsyncEngine:
     def snapshot(self) -> EngineSnapshot:
         return self._call(LLMEngine.snapshot)
 
-    def cache_stats(self) -> CacheStats:
-        return self._call(LLMEngine.cache_stats)
-
-    def lookup(self, token_ids: list[int], cache_salt: str = "") -> dict[str, int]:
-        return self._call(LLMEngine.lookup, token_ids, cache_salt)
-
-    def flush(self, cache_salt: str | None = None) -> int:
-        return self._call(LLMEngine.flush, cache_salt)
-
-    def pin(self, token_ids: list[int], cache_salt: str = "") -> int:
-        return self._call(LLMEngine.pin, token_ids, cache_salt)
-
-    def unpin(self, token_ids: list[int], cache_salt: str = "") -> int:
-        return self._call(LLMEngine.unpin, token_ids, cache_salt)
-
-    def hottest_prefixes(self, limit: int = 10, cache_salt: str | None = None) -> list[PrefixInfo]:
-        return self._call(LLMEngine.hottest_prefixes, limit, cache_salt)
-
-    def check_integrity(self) -> None:
-        self._call(LLMEngine.check_integrity)
+    def admin(self, op: AdminOp[T]) -> T:
+        """A cache administration operation (engine.kv.admin), run on the engine thread."""
+        return self._call(LLMEngine.admin, op)
 
     def integrity_error(self) -> str | None:
         """check_integrity's finding as text, None when every invariant holds."""
         try:
-            self.check_integrity()
+            self.admin(CheckIntegrity())
         except IntegrityError as exc:
             return str(exc)
         return None

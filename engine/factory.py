@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.block_manager import BlockManager, NoCacheBlockManager
 from engine.dtypes import resolve_dtype
+from engine.kv import KVCacheManager
+from engine.kv.tiers import KVTiers
 from engine.kv_cache import DTYPES, KVCache
 from engine.kv_events import KVEventSink, ZmqEventPublisher
-from engine.kv_tiers import KVTiers
 from engine.model_runner import ModelRunner
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler
@@ -36,7 +36,7 @@ class EngineParts:
     prefix_cache: PrefixCache
     tiers: KVTiers | None
     kv_events: ZmqEventPublisher | None
-    blocks: BlockManager
+    kv: KVCacheManager
     scheduler: Scheduler
     runner: ModelRunner
     sampler: Sampler
@@ -70,13 +70,16 @@ def build_parts(config: EngineConfig) -> EngineParts:
     )
     publisher, sink = _build_events(config)
     tiers = _build_tiers(config, kv_cache, sink)
-    if config.enable_prefix_caching:
-        blocks = BlockManager(prefix_cache, kv_cache, tiers, sink)
-    else:
-        blocks = NoCacheBlockManager(prefix_cache, kv_cache)
+    listeners = tuple(x for x in (tiers, sink) if x is not None)
+    kv = KVCacheManager(
+        prefix_cache,
+        kv_cache,
+        caching=config.enable_prefix_caching,
+        tiers=tiers,
+        listeners=listeners,
+    )
     scheduler = Scheduler(
-        blocks,
-        kv_cache.num_blocks,
+        kv,
         config.max_num_seqs,
         config.max_num_batched_tokens,
         max_model_len,
@@ -93,7 +96,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         prefix_cache=prefix_cache,
         tiers=tiers,
         kv_events=publisher,
-        blocks=blocks,
+        kv=kv,
         scheduler=scheduler,
         runner=ModelRunner(model, kv_cache, device),
         sampler=Sampler(config.seed),

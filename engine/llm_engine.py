@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from array import array
+from typing import TypeVar
 
 import torch
 
@@ -14,6 +15,7 @@ from engine.analytics import CacheAnalytics
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.factory import build_parts
+from engine.kv.admin import AdminOp, CacheAdmin
 from engine.model_runner import ForwardResult
 from engine.outputs import RequestOutput, request_output
 from engine.request import Prompt, Request, Sequence, token_array
@@ -27,9 +29,9 @@ from engine.structured.guide import Guide
 from engine.structured.masks import TokenMasks
 from engine.structured.matcher import SequenceMatcher
 from radixcache.hashing import Namespace
-from radixcache.stats import CacheStats, PrefixInfo
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class LLMEngine:
@@ -45,7 +47,8 @@ class LLMEngine:
         self.prefix_cache = parts.prefix_cache
         self.tiers = parts.tiers
         self.kv_events = parts.kv_events
-        self.blocks = parts.blocks
+        self.kv = parts.kv
+        self.cache_admin = CacheAdmin(parts.kv, self.namespace_for)
         self.scheduler = parts.scheduler
         self.runner = parts.runner
         self.sampler = parts.sampler
@@ -60,6 +63,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
         self.analytics = CacheAnalytics(self.stats, self.scheduler, self.prefix_cache, self.tiers)
+        self.load_poll_s = 0.005  # an idle step waits this long for a spill-tier load at most
 
     def close(self) -> None:
         """Finishes queued tier writes and stops the tier threads."""
@@ -86,10 +90,13 @@ class LLMEngine:
         request = Request(
             request_id, prompt.text, prompt.token_ids, params, self.namespace_for(cache_salt)
         )
-        seq = self._new_sequence(request, 0, token_array(prompt.token_ids), matcher)
-        seq.pending_forks = params.n - 1
+        tokens = token_array(prompt.token_ids)
+        # n samples are n sequences; the scheduler admits the siblings once the first one's
+        # prompt is in the tree, as cache hits of it (each with its own grammar matcher)
+        for index in range(params.n):
+            own = matcher if index == 0 or matcher is None else matcher.copy()
+            self.scheduler.add(self._new_sequence(request, index, tokens[:], own))
         self.requests[request_id] = request
-        self.scheduler.add(seq)
         return request
 
     def check_request(self, prompt: Prompt, params: SamplingParams) -> None:
@@ -121,6 +128,9 @@ class LLMEngine:
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch.seqs:
+            if self.scheduler.loading:  # nothing to run until a load arrives: wait for it
+                self.scheduler.wait_for_loads(self.load_poll_s)
+                return []
             return self._unblock()
         stats = self._batch_stats(batch)
         result = self.runner.execute(batch)
@@ -142,22 +152,13 @@ class LLMEngine:
         """The step computed these tokens' KV: full blocks go to the tree."""
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
-            self.blocks.commit(seq)
+            self.kv.commit(seq)
 
     def _sampling_rows(
         self, batch: ScheduledBatch, result: ForwardResult
     ) -> tuple[list[Sequence], torch.Tensor]:
-        """The sequences that sample this step, with their logits: a prompt that just finished
-        prefill forks its n-1 siblings here, each sampling from the parent's row."""
-        rows = [batch.seqs[i] for i in result.sample_index]
-        logit_rows = list(range(len(rows)))
-        for j, parent in enumerate(list(rows)):
-            for child in self._fork(parent):
-                rows.append(child)
-                logit_rows.append(j)
-        if len(logit_rows) == len(result.sample_index):
-            return rows, result.logits
-        return rows, result.logits[logit_rows]
+        """The sequences that sample this step, with their logits."""
+        return [batch.seqs[i] for i in result.sample_index], result.logits
 
     def _sample(
         self, rows: list[Sequence], logits: torch.Tensor, masks: TokenMasks | None
@@ -247,22 +248,6 @@ class LLMEngine:
         request.seqs.append(seq)
         return seq
 
-    def _fork(self, parent: Sequence) -> list[Sequence]:
-        children = []
-        while parent.pending_forks > 0:
-            parent.pending_forks -= 1
-            index = parent.request.params.n - 1 - parent.pending_forks
-            matcher = None if parent.matcher is None else parent.matcher.copy()
-            child = self._new_sequence(
-                parent.request, index, token_array(parent.token_ids), matcher
-            )
-            if self.blocks.fork(parent, child):
-                self.scheduler.add_running(child)
-                children.append(child)
-            else:
-                self.scheduler.add(child)  # no block for the copy: recompute (mostly cache hits)
-        return children
-
     @staticmethod
     def _sample_row(seq: Sequence) -> SampleRow:
         return SampleRow(seq.params, seq.token_ids, seq.num_prompt_tokens, seq.generator)
@@ -271,26 +256,6 @@ class LLMEngine:
     def snapshot(self) -> EngineSnapshot:
         return self.analytics.snapshot()
 
-    def cache_stats(self) -> CacheStats:
-        return self.prefix_cache.stats()
-
-    def lookup(self, token_ids: list[int], cache_salt: str = "") -> dict[str, int]:
-        """Tokens of this prompt's prefix cached per tier, without running or locking it."""
-        return self.blocks.lookup(self.namespace_for(cache_salt), token_ids)
-
-    def hottest_prefixes(self, limit: int = 10, cache_salt: str | None = None) -> list[PrefixInfo]:
-        ns = None if cache_salt is None else self.namespace_for(cache_salt)
-        return self.analytics.hottest_prefixes(limit, ns)
-
-    def flush(self, cache_salt: str | None = None) -> int:
-        """Evicts every unreferenced cached block (spilling it to the tiers); blocks evicted."""
-        return self.blocks.flush(None if cache_salt is None else self.namespace_for(cache_salt))
-
-    def pin(self, token_ids: list[int], cache_salt: str = "") -> int:
-        return self.prefix_cache.pin(self.namespace_for(cache_salt), token_ids)
-
-    def unpin(self, token_ids: list[int], cache_salt: str = "") -> int:
-        return self.prefix_cache.unpin(self.namespace_for(cache_salt), token_ids)
-
-    def check_integrity(self) -> None:
-        self.prefix_cache.check_integrity()
+    def admin(self, op: AdminOp[T]) -> T:
+        """A cache administration operation (engine.kv.admin), on this thread."""
+        return self.cache_admin.run(op)

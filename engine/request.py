@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 class SequenceStatus(Enum):
     WAITING = "waiting"
+    LOADING = "loading"  # its prefix is coming back from a spill tier
     RUNNING = "running"
     FINISHED = "finished"
 
@@ -68,14 +69,14 @@ class Sequence:
     detok: IncrementalDetokenizer
     seq_id: int = field(default_factory=lambda: next(_seq_counter))
     status: SequenceStatus = SequenceStatus.WAITING
-    # --- KV state (owned by the block manager) ---
+    # --- KV state (owned by the KV cache manager, engine.kv) ---
     block_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose KV sits in block_ids
     num_tree_blocks: int = 0  # leading blocks held by the tree (locked through `handle`)
     handle: Any = None  # locked radix node; None = nothing locked
     num_cached_tokens: int = 0  # prefix reused at (first) admission: device + lower tiers
-    cached_by_tier: dict[str, int] = field(default_factory=dict)
-    pending_forks: int = 0  # samples to fork off when the prompt's last token is computed
+    cached_by_tier: dict[str, int] = field(default_factory=dict)  # TierName -> tokens
+    kv_load: Any = None  # storage.tiered.PendingLoad while its prefix comes from a spill tier
     # --- outputs (emitted as deltas: what came after num_sent_*) ---
     num_sent_tokens: int = 0
     num_sent_chars: int = 0

@@ -1,12 +1,17 @@
-"""Continuous batching: waiting/running queues, a token budget per step, chunked prefill,
-priority-then-FCFS order, and preemption by recompute when blocks run out."""
+"""Continuous batching: waiting/loading/running queues, a token budget per step, chunked prefill,
+priority-then-FCFS order, and preemption by recompute when blocks run out.
+
+A sequence whose prefix is in a spill tier waits in `loading` while the loader thread brings it
+back; the steps meanwhile run the others, and it is admitted once its blocks arrived (or its
+deadline passed: the rest is recomputed). Blocks are only reached through the KVCacheManager."""
 
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager, blocks_for
+from engine.kv import KVCacheManager, MatchState, blocks_for
 from engine.request import RequestTooLarge, Sequence, SequenceStatus
 
 
@@ -29,19 +34,18 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(
         self,
-        block_manager: BlockManager,
-        num_blocks: int,
+        kv: KVCacheManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
     ) -> None:
-        self.blocks = block_manager
-        self.num_blocks = num_blocks
+        self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.waiting: list[Sequence] = []  # sorted by sort_key (priority, arrival, id)
         self.running: list[Sequence] = []  # sorted by sort_key; preemption takes from the end
+        self.loading: list[Sequence] = []  # waiting for their prefix from a spill tier
         self.num_preemptions = 0
 
     # --- queues ---
@@ -52,11 +56,12 @@ class Scheduler:
                 f"{self.max_model_len} (at least one token must be generated)"
             )
         total = min(num_prompt_tokens + max_tokens, self.max_model_len)
-        needed = blocks_for(total, self.blocks.block_size)
-        if needed > self.num_blocks:
+        bs = self.kv.block_size
+        needed = blocks_for(total, bs)
+        if needed > self.kv.num_blocks:
             raise RequestTooLarge(
                 f"request needs {needed} KV blocks ({total} tokens) but the KV cache has only "
-                f"{self.num_blocks} blocks of {self.blocks.block_size} tokens"
+                f"{self.kv.num_blocks} blocks of {bs} tokens"
             )
 
     def add(self, seq: Sequence) -> None:
@@ -69,18 +74,18 @@ class Scheduler:
 
     def remove(self, seq: Sequence) -> None:
         """Takes a finished or aborted sequence out of the queues and frees its blocks."""
-        if seq in self.running:
+        if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+        elif seq.status is SequenceStatus.LOADING:
+            self.loading.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.release(seq)
         seq.status = SequenceStatus.FINISHED
-
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        self.kv.free(seq)
 
     # --- one step ---
     def schedule(self) -> ScheduledBatch:
+        self._collect_loads()
         batch = ScheduledBatch()
         budget = self._schedule_running(batch, self.max_num_batched_tokens)
         if batch.num_preempted == 0:
@@ -94,7 +99,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.blocks.allocate(seq, n):
+            while not self.kv.allocate(seq, n):
                 victim = self.running[-1]
                 self._preempt(victim)
                 batch.num_preempted += 1
@@ -110,14 +115,22 @@ class Scheduler:
         deferred: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if self._prefix_in_flight(seq):
+            if seq.kv_load is None and self._prefix_in_flight(seq):
                 deferred.append(self.waiting.pop(0))  # wait: its next block is being computed
                 continue
-            worst = blocks_for(min(seq.num_tokens, budget), self.blocks.block_size)
-            if not self.blocks.cache.can_allocate(worst) or not self.blocks.admit(seq, budget):
+            worst = blocks_for(min(seq.num_tokens, budget), self.kv.block_size)
+            if not self.kv.can_fit(worst):
+                break
+            if self.kv.match(seq) is MatchState.LOADING:
+                self.waiting.pop(0)
+                seq.status = SequenceStatus.LOADING
+                self.loading.append(seq)
+                continue
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.kv.allocate(seq, n):
+                self.kv.free(seq)
                 break
             self.waiting.pop(0)
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             self.add_running(seq)
             batch.admitted.append(seq)
             batch.num_cached_tokens += seq.num_computed_tokens
@@ -127,11 +140,26 @@ class Scheduler:
         for seq in deferred:
             self.add(seq)
 
+    def _collect_loads(self) -> None:
+        """Loaded (or expired) sequences go back to the queue, still holding their prefix."""
+        if not self.loading:
+            return
+        now = time.monotonic()
+        for seq in [s for s in self.loading if self.kv.load_ready(s, now)]:
+            self.loading.remove(seq)
+            self.add(seq)
+
+    def wait_for_loads(self, timeout: float) -> None:
+        """Nothing else can run: block until the first load is done (at most `timeout`)."""
+        if self.loading and not self.running:
+            self.kv.wait_for_load(self.loading[0], timeout)
+
     def _prefix_in_flight(self, seq: Sequence) -> bool:
         """True when a running sequence is computing the block this one would compute first:
-        admitting it later turns that block into a cache hit instead of a second computation."""
-        cached = self.blocks.peek(seq)
-        end = cached + self.blocks.block_size
+        admitting it later turns that block into a cache hit instead of a second computation
+        (this is also how the n > 1 siblings of a request wait for the first one's prompt)."""
+        cached = self.kv.peek(seq)
+        end = cached + self.kv.block_size
         if cached < 0 or end >= seq.num_tokens:
             return False
         head = seq.token_ids[:end]
@@ -145,7 +173,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.blocks.release(seq)  # its full blocks stay in the tree: recompute mostly hits
+        self.kv.free(seq)  # its full blocks stay in the tree: recompute mostly hits
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.add(seq)

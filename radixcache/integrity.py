@@ -23,11 +23,10 @@ def _require(ok: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class CacheParts:
-    """What the checks read: the prefix cache's pool, tree and private-lock map."""
+    """What the checks read: the prefix cache's pool and tree."""
 
     pool: BlockPool
     tree: RadixTree
-    private_locks: dict[int, Node]
     num_blocks: int
     block_size: int
     max_pinned_blocks: int
@@ -45,7 +44,6 @@ def check_integrity(cache: CacheParts) -> None:
     _check_hash_index(cache, nodes)
     _check_counters(cache, nodes)
     _check_evictable(cache, nodes)
-    _check_private_locks(cache)
     pool, tree = cache.pool, cache.tree
     evictable = tree.num_cached - tree.num_held
     total = pool.num_free() + evictable + pool.num_private() + tree.num_held
@@ -64,6 +62,8 @@ def _check_pool(cache: CacheParts, cached: set[int]) -> None:
         _require(owned == (b in cached), f"block {b}: owned={owned} but tree disagrees")
         if b in free_set:
             _require(rc == 0 and not owned, f"free block {b} is referenced or cached")
+        elif owned:
+            _require(rc == 0, f"cached block {b} also has private references")
         elif not owned:
             _require(rc > 0, f"block {b} is neither free, cached nor referenced (leaked)")
             private += 1
@@ -150,12 +150,3 @@ def _check_evictable(cache: CacheParts, nodes: list[Node]) -> None:
     _require(keys <= set(tree.evictable), "a listed leaf is missing from the eviction heap")
     for n in tree.evictable_nodes.values():
         _require(n.set_key == (n.evict_prio, n.id), f"{n} changed priority while listed")
-
-
-def _check_private_locks(cache: CacheParts) -> None:
-    pool = cache.pool
-    for b in range(cache.num_blocks):
-        shared = pool.owned(b) and pool.refcount(b) > 0
-        _require(shared == (b in cache.private_locks), f"block {b} private lock bookkeeping")
-    for b, node in cache.private_locks.items():
-        _require(node.lock_ref > 0 and node.parent is not None, f"block {b} lock was dropped")

@@ -41,7 +41,7 @@ def _as_tokens(tokens: Sequence[int] | np.ndarray) -> Tokens:
 
 
 class PrefixCache:
-    """Owns block ids 0..num_blocks-1: free, private (refcounted), or cached in the radix tree."""
+    """Owns block ids 0..num_blocks-1: free, private to one sequence, or cached in the radix tree."""
 
     def __init__(
         self,
@@ -71,7 +71,6 @@ class PrefixCache:
         self.tree = RadixTree(block_size, policy, hash_fn, mrc)
         self.pins = PinRegistry(self.tree, self.max_pinned_blocks)
         self._ns_stats: dict[Namespace, NamespaceStats] = {}
-        self._private_locks: dict[int, Node] = {}  # cached block with private refs -> locked node
 
     # --- block ownership ---
     def num_free_blocks(self) -> int:
@@ -101,13 +100,10 @@ class PrefixCache:
             self.drop(short)
         return self.pool.take(n)
 
-    def incref(self, block_ids: Sequence[int]) -> None:
-        self.pool.incref(block_ids)
-
     def free(self, block_ids: Sequence[int]) -> None:
+        """Drops the caller's private blocks (never the tree's)."""
         for b in block_ids:
-            if self.pool.decref(b) == 0 and self.pool.owned(b):
-                self.tree.add_refs(self._private_locks.pop(b), -1, 0)
+            self.pool.decref(b)
 
     # --- prefix index ---
     def match(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> MatchResult:
@@ -168,13 +164,10 @@ class PrefixCache:
         if done < n:
             new = list(block_ids[done:n])
             try:
-                shared = self.pool.adopt_many(new)
+                self.pool.adopt_many(new)
             except BlockPoolError as e:
                 raise ValueError(str(e)) from None
             node = tree.add_child(node, toks, new)
-            for b in shared:  # a sibling still holds it privately: keep it from eviction
-                tree.add_refs(node, 1, 0)
-                self._private_locks[b] = node
             ids += new
             self._stats_of(ns).inserted_blocks += len(new)
         return InsertResult(ids, node, duplicates)
@@ -240,6 +233,13 @@ class PrefixCache:
             victims += [self.tree.evict_node(n) for n in nodes]
         return self._release(victims)
 
+    def forget(self, ns: Namespace) -> None:
+        """Drops a namespace that holds nothing any more (its root and its counters)."""
+        root = self.tree.roots.get(ns)
+        if root is not None and not root.children and root.lock_ref == 0 and root.pin_ref == 0:
+            del self.tree.roots[ns]
+            self._ns_stats.pop(ns, None)
+
     def stats(self) -> CacheStats:
         tree = self.tree
         cached = tree.num_cached
@@ -285,7 +285,6 @@ class PrefixCache:
         parts = CacheParts(
             self.pool,
             self.tree,
-            self._private_locks,
             self.num_blocks,
             self.block_size,
             self.max_pinned_blocks,

@@ -1,17 +1,19 @@
 """TieredStore: the spill tiers below device memory, chained host -> disk -> Redis.
 
 The engine calls two things, both cheap on its own thread:
-  store(ns, [(hash, kv)])            on device eviction: copies the KV, queues it, returns
-  load_prefix(ns, hashes, deadline)  at admission: the longest leading run of `hashes` found in
-                                     the tiers, waiting at most `deadline` seconds
+  store(ns, [(hash, kv)])         on device eviction: copies the KV, queues it, returns
+  start_load(ns, hashes, shape)   at admission: starts loading the longest leading run of
+                                  `hashes` found in the tiers and returns a PendingLoad at once;
+                                  the engine keeps stepping and takes the blocks when it is done
+                                  (or when its deadline passes, then it recomputes the rest)
 Writes run on one writer thread (storage.writer) behind a bounded queue (overflow is dropped and
-counted); loads run on one loader thread, so a slow tier costs the engine at most the deadline, then it recomputes.
+counted); loads run on one loader thread. load_prefix is the blocking form (tests, tools).
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from functools import partial
@@ -29,12 +31,57 @@ from storage.writer import TierObserver, TierWriter
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
 
-__all__ = ["LoadResult", "TierConfig", "TieredStore"]
+__all__ = ["LoadResult", "PendingLoad", "TierConfig", "TieredStore"]
 
 
 class LoadResult(NamedTuple):
     tiers: list[str]  # tier name per loaded block, in order
     blocks: list[torch.Tensor]  # [layers, 2, block_size, kv_heads, head_dim] each (read-only)
+
+
+class PendingLoad:
+    """A load on the loader thread. The engine polls `ready` (done or past its deadline), then
+    `take`s what arrived; taking it earlier cancels the rest (a deadline miss)."""
+
+    def __init__(
+        self, store: TieredStore, job: LoadJob, future: Future | None, deadline: float
+    ) -> None:
+        self.deadline = deadline  # time.monotonic() after which the engine stops waiting
+        self._store, self._job, self._future = store, job, future
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def ready(self, now: float) -> bool:
+        return now >= self.deadline or self.done()
+
+    def wait(self, timeout: float) -> bool:
+        """Blocks until the load is done, at most `timeout` seconds; True when done."""
+        if self._future is None:
+            return True
+        try:
+            self._future.result(timeout=timeout)
+        except FutureTimeout:
+            return False
+        except Exception:  # counted in take()
+            pass
+        return True
+
+    def take(self) -> LoadResult:
+        """Stops the loader (if still running) and returns the blocks loaded so far."""
+        stats = self._store.store_stats
+        if self._future is not None:
+            if not self._future.done():
+                stats.deadline_misses += 1
+            elif self._future.exception() is not None:
+                stats.load_errors += 1  # a failing tier must not fail the request: recompute
+        names, blocks = self._job.finish()
+        self._store._count_hits(self._job.ns, names)
+        return LoadResult(names, blocks)
+
+    def cancel(self) -> None:
+        """The sequence went away: drop whatever was loaded, count nothing."""
+        self._job.finish()
 
 
 class TieredStore:
@@ -80,6 +127,24 @@ class TieredStore:
         if self.write_through:
             self._writer.enqueue_tensors("publish", self._redis, ns, items)
 
+    def start_load(
+        self,
+        ns: Namespace,
+        hashes: list[int],
+        deadline_s: float | None = None,
+        *,
+        shape: tuple[int, ...] | None = None,
+    ) -> PendingLoad:
+        """Starts loading the longest run of leading `hashes` found across the tiers (each block
+        from the fastest tier holding it), decoded and checked against ns.kv_dtype (and `shape` if
+        given); returns at once. Disk/Redis hits are promoted into the top tier."""
+        deadline = time.monotonic() + (self.config.deadline_s if deadline_s is None else deadline_s)
+        job = LoadJob(ns, list(hashes), shape)
+        if not hashes or not self.tiers:
+            return PendingLoad(self, job, None, deadline)
+        self.store_stats.loads += 1
+        return PendingLoad(self, job, self._loader.submit(self._load, job), deadline)
+
     def load_prefix(
         self,
         ns: Namespace,
@@ -88,23 +153,10 @@ class TieredStore:
         *,
         shape: tuple[int, ...] | None = None,
     ) -> LoadResult:
-        """The longest run of leading `hashes` found across the tiers (each block from the fastest
-        tier holding it), decoded and checked against ns.kv_dtype (and `shape` if given). Returns
-        what was loaded when the deadline passes. Disk/Redis hits are promoted into the top tier."""
-        if not hashes or not self.tiers:
-            return LoadResult([], [])
-        job = LoadJob(ns, list(hashes), shape)
-        future = self._loader.submit(self._load, job)
-        self.store_stats.loads += 1
-        try:
-            future.result(timeout=self.config.deadline_s if deadline_s is None else deadline_s)
-        except FutureTimeout:
-            self.store_stats.deadline_misses += 1
-        except Exception:  # a failing tier must not fail the request: recompute instead
-            self.store_stats.load_errors += 1
-        names, blocks = job.finish()
-        self._count_hits(ns, names)
-        return LoadResult(names, blocks)
+        """start_load, waiting for it up to the deadline: what was loaded by then."""
+        pending = self.start_load(ns, hashes, deadline_s, shape=shape)
+        pending.wait(max(0.0, pending.deadline - time.monotonic()))
+        return pending.take()
 
     def locate(self, ns: Namespace, hashes: list[int]) -> list[str]:
         """Tier name for each block of the leading run found (no data is read)."""

@@ -21,6 +21,7 @@ from api.dashboard.view import (
 )
 from api.package_assets import PackageAssets
 from api.state import state_of
+from engine.kv.admin import HottestPrefixes
 
 router = APIRouter(prefix="/dashboard")
 
@@ -52,13 +53,13 @@ async def data(request: Request, limit: int = Query(20, ge=1, le=200)) -> dict[s
     window, _ = state.cache_delta(total, WINDOW_S)
     engine = state.engine
     if caller.is_admin:
-        infos = await asyncio.to_thread(engine.hottest_prefixes, limit, None)
+        infos = await asyncio.to_thread(engine.admin, HottestPrefixes(limit, None))
     elif caller.tenant is None and not state.config.auth_enabled:
         infos = []  # keyless callers on a network address: that namespace is everyone's prompts
     else:
         infos = []
         for salt in owned_salts(total, caller):
-            infos += await asyncio.to_thread(engine.hottest_prefixes, limit, salt)
+            infos += await asyncio.to_thread(engine.admin, HottestPrefixes(limit, salt))
     tok = engine.tokenizer
     curve, measured = counters.device.miss_ratio_curve, device_hit_rate(total)
     return {

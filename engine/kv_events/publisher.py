@@ -19,7 +19,7 @@ import msgspec
 import zmq
 
 from engine.kv_events.config import KVEventsConfig
-from engine.kv_events.wire import END_SEQ, EventBatch, KVCacheEvent
+from radixcache.kv_events_wire import END_SEQ_FRAME, EventBatch, KVCacheEvent, seq_frame
 
 log = logging.getLogger(__name__)
 _WAKE_S = 0.02  # longest wait for new events before the replay socket is polled again
@@ -90,7 +90,7 @@ class ZmqEventPublisher:
             if not events:
                 continue
             payload = encoder.encode(EventBatch(time.time(), events, self._rank))
-            seq_bytes = seq.to_bytes(8, "big")
+            seq_bytes = seq_frame(seq)
             try:
                 self._pub.send_multipart((self._topic, seq_bytes, payload), copy=False)
             except zmq.ZMQError:
@@ -115,7 +115,7 @@ class ZmqEventPublisher:
 
     def _serve_replay(self) -> None:
         """A request is (client id, b"", start seq as 8-byte big-endian); every buffered batch
-        from that seq goes back as (client id, b"", topic, seq, payload), then END_SEQ."""
+        from that seq goes back as (client id, b"", topic, seq, payload), then END_SEQ_FRAME."""
         assert self._replay is not None
         frames = self._replay.recv_multipart()
         if len(frames) != 3 or len(frames[2]) != 8:
@@ -126,10 +126,8 @@ class ZmqEventPublisher:
         self.stats.replays += 1
         for seq, payload in list(self._buffer):
             if seq >= first:
-                self._replay.send_multipart(
-                    (client, b"", self._topic, seq.to_bytes(8, "big"), payload)
-                )
-        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
+                self._replay.send_multipart((client, b"", self._topic, seq_frame(seq), payload))
+        self._replay.send_multipart((client, b"", b"", END_SEQ_FRAME, b""))
 
 
 def _bind(sock: zmq.Socket, endpoint: str) -> str:

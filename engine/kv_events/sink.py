@@ -1,5 +1,5 @@
 """KVEventSink: turns changes of the cached set into vLLM KV events and offers them to the
-publisher. The block manager reports device-tier changes; the TieredStore reports the tiers below
+publisher. The KV cache manager reports device-tier changes; the TieredStore reports the tiers below
 (it calls `stored` / `removed` with a tier name, see storage.writer.TierObserver).
 
 Block hashes are the tree's chained xxh3 hashes; a tenant's cache_salt is mixed into the
@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.kv_events.wire import MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored
+from radixcache.kv_events_wire import MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored
+from radixcache.tier_names import TierName
 
 if TYPE_CHECKING:
+    from engine.kv.listeners import Committed
     from engine.kv_events.publisher import ZmqEventPublisher
     from radixcache.hashing import Namespace
+    from radixcache.results import EvictedBlock
 
 
 class KVEventSink:
@@ -23,22 +26,24 @@ class KVEventSink:
         self.publisher = publisher
         self.block_size = block_size
 
-    def blocks_committed(self, positions: list[int], hashes: list[int], tokens: list[int]) -> None:
-        """Device tier: the blocks at `positions` of a path (whose block hashes are `hashes` and
-        whose tokens are `tokens`) are newly in the tree; one BlockStored per run of positions."""
+    # --- engine.kv.listeners.CacheListener (the device tier) ---
+    def blocks_committed(self, committed: Committed) -> None:
+        """The blocks at `committed.kept` are newly in the tree; one BlockStored per run."""
+        positions, hashes, tokens = committed.kept, committed.hashes, committed.tokens
         bs, start = self.block_size, 0
         for k in range(1, len(positions) + 1):
             if k == len(positions) or positions[k] != positions[k - 1] + 1:
                 first, end = positions[start], positions[k - 1] + 1
                 parent = hashes[first - 1] if first > 0 else None
                 run = tokens[first * bs : end * bs]
-                self.publisher.offer(_stored(hashes[first:end], parent, run, bs, "device"))
+                self.publisher.offer(_stored(hashes[first:end], parent, run, bs, TierName.DEVICE))
                 start = k
 
-    def blocks_evicted(self, hashes: list[int]) -> None:
-        """Device tier: blocks that left the tree."""
-        if hashes:
-            self.publisher.offer(BlockRemoved(list(hashes), MEDIUM["device"]))
+    def blocks_evicted(self, evicted: list[EvictedBlock]) -> None:
+        """Blocks that left the tree."""
+        if evicted:
+            hashes = [b.block_hash for b in evicted]
+            self.publisher.offer(BlockRemoved(hashes, MEDIUM[TierName.DEVICE]))
 
     def cache_cleared(self) -> None:
         self.publisher.offer(AllBlocksCleared())

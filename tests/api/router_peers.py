@@ -21,10 +21,10 @@ import zmq
 
 from api.router.app import create_router_app
 from api.router.config import RouterConfig
+from radixcache.kv_events_wire import END_SEQ_FRAME
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 def wait_until(check: Any, timeout_s: float = 30.0, what: str = "condition") -> None:
@@ -159,7 +159,7 @@ class ScriptedPeer:
                 self.router.send_multipart(
                     [client, b"", b"kv-events", seq.to_bytes(8, "big"), payload]
                 )
-            self.router.send_multipart([client, b"", b"", END_SEQ, b""])
+            self.router.send_multipart([client, b"", b"", END_SEQ_FRAME, b""])
 
     def close(self) -> None:
         self._stop.set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 
+from engine.kv.admin import CheckIntegrity
 from tests.api.servers import BLOCK_SIZE, Server, fresh_text, metric
 
 
@@ -96,7 +97,7 @@ def test_pin_survives_flush_then_unpin(http, server) -> None:
     assert unpinned["unpinned_tokens"] == pinned["pinned_tokens"]
     http.post("/v1/cache/flush")
     assert http.post("/v1/cache/lookup", json={"prompt": prompt}).json()["cached_tokens"] == 0
-    server.engine.check_integrity()
+    server.engine.admin(CheckIntegrity())
 
 
 def test_flush_one_namespace(http, server) -> None:

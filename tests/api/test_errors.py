@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from api.config import ApiConfig
+from engine.kv.admin import CheckIntegrity
 from tests.api.servers import MAX_MODEL_LEN, Server, engine_config, start_server
 
 
@@ -170,4 +171,4 @@ def test_request_larger_than_kv_pool_is_400_before_streaming(small_pool_server, 
         assert_error(post(http, "/v1/chat/completions", chat_body), 400, "max_tokens")
         ok = post(http, "/v1/completions", completion(server, prompt="a" * 20, max_tokens=8))
         assert ok.status_code == 200, ok.text
-    server.engine.check_integrity()
+    server.engine.admin(CheckIntegrity())

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from api.config import ApiConfig
+from engine.kv.admin import CacheStatsOp, CheckIntegrity
 from engine.sampling import SamplingParams
 from engine.stats import EngineSnapshot
 from tests.api.servers import Server, engine_config, fresh_text, start_server
@@ -31,8 +32,8 @@ def wait_idle(server: Server, timeout_s: float = 60.0) -> EngineSnapshot:
 
 
 def assert_blocks_free(server: Server) -> None:
-    server.engine.check_integrity()
-    cache = server.engine.cache_stats()
+    server.engine.admin(CheckIntegrity())
+    cache = server.engine.admin(CacheStatsOp())
     assert cache.referenced == 0
     assert cache.free + cache.evictable + cache.pinned == cache.num_blocks
 

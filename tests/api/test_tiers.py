@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from api.config import ApiConfig
+from engine.kv.admin import CheckIntegrity
 from storage.config import TierConfig
 from tests.api.servers import BLOCK_SIZE, Server, engine_config, fresh_text, metric, start_server
 
@@ -60,4 +61,4 @@ def test_flushed_prefix_comes_back_from_host_tier(tier_server: Server) -> None:
         text = client.get("/metrics").text
         assert metric(text, "radixcache_prefix_cache_tier_hits_tokens_total", 'tier="host"') > 0
         assert metric(text, "radixcache_cache_used_bytes", 'tier="host"') > 0
-    server.engine.check_integrity()
+    server.engine.admin(CheckIntegrity())

@@ -8,6 +8,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine, EngineOverloaded
 from engine.config import EngineConfig
+from engine.kv.admin import CacheStatsOp, CheckIntegrity, Flush, HottestPrefixes, Lookup, Pin, Unpin
 from engine.llm import LLM
 from engine.outputs import RequestResult
 from engine.request import Prompt, RequestTooLarge
@@ -51,18 +52,18 @@ def test_streams_deltas_matching_offline(engine, tiny_llama):
         assert all(len(o.outputs[0].token_ids) == 1 for o in stream if o.outputs)
     snap = engine.snapshot()
     assert snap.totals.requests_finished == len(PROMPTS) and snap.running == 0
-    engine.check_integrity()
+    engine.admin(CheckIntegrity())
 
 
 def test_lookup_and_cache_passthroughs(engine):
     asyncio.run(_collect(engine, PROMPTS[0], "warm"))
     ids = PROMPTS[0].token_ids
-    assert engine.lookup(ids)["device"] == 8
-    assert engine.lookup(ids, cache_salt="tenant")["device"] == 0
-    assert engine.pin(ids) == 8 and engine.unpin(ids) == 8
-    assert engine.hottest_prefixes(5)
-    assert engine.cache_stats().cached > 0
-    assert engine.flush() > 0 and engine.lookup(ids)["device"] == 0
+    assert engine.admin(Lookup(ids))["device"] == 8
+    assert engine.admin(Lookup(ids, cache_salt="tenant"))["device"] == 0
+    assert engine.admin(Pin(ids)) == 8 and engine.admin(Unpin(ids)) == 8
+    assert engine.admin(HottestPrefixes(5))
+    assert engine.admin(CacheStatsOp()).cached > 0
+    assert engine.admin(Flush()) > 0 and engine.admin(Lookup(ids))["device"] == 0
 
 
 def test_abort_mid_stream_frees_blocks(engine):
@@ -78,8 +79,8 @@ def test_abort_mid_stream_frees_blocks(engine):
 
     outs = asyncio.run(main())
     assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
-    engine.check_integrity()
-    stats = engine.cache_stats()
+    engine.admin(CheckIntegrity())
+    stats = engine.admin(CacheStatsOp())
     assert stats.referenced == 0
 
 
@@ -123,7 +124,7 @@ def test_bounded_queue_and_rejections(tiny_llama):
 
     try:
         asyncio.run(main())
-        assert engine.cache_stats().referenced == 0  # runs after every queued command
+        assert engine.admin(CacheStatsOp()).referenced == 0  # runs after every queued command
         assert not engine.has_unfinished()
     finally:
         engine.shutdown()

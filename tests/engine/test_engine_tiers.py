@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.kv.admin import Flush, Lookup
 from engine.llm import LLM
 from engine.sampling import SamplingParams
 from storage.base import TierStats
@@ -54,7 +55,7 @@ TIERED = {"max_num_seqs": 2, "num_blocks": DEVICE_BLOCKS}  # with make_llm's flo
 
 def settle(llm: LLM) -> dict[str, TierStats]:
     """Empty the device cache into the tiers, wait for the writes; the tier counters."""
-    llm.engine.flush()
+    llm.engine.admin(Flush())
     store = tier_store(llm)
     assert store.wait_idle(30)
     return {name: tier.stats for name, tier in store.stats().tiers.items()}
@@ -217,7 +218,9 @@ def test_host_tier_loads_back_evicted_prefixes(make_llm):
     first = [llm.generate([p], SHORT)[0] for p in prompts]  # each evicts the previous
     assert token_ids(first) == reference
     engine.tiers.store.wait_idle(10)
-    assert engine.lookup(prompts[0])["host"] == 20  # five blocks of tokens[:-1] (all but the last)
+    assert (
+        engine.admin(Lookup(prompts[0]))["host"] == 20
+    )  # five blocks of tokens[:-1] (all but the last)
     again = llm.generate([prompts[0]], SHORT)[0]
     assert again.outputs[0].token_ids == reference[0]
     assert again.cached_tokens_by_tier.get("host", 0) == 20
@@ -231,7 +234,7 @@ def test_disk_tier_survives_a_restart(make_llm, tmp_path):
     tiers = TierConfig(disk_path=tmp_path / "kv", disk_bytes=64 << 20)
     first = make_llm(num_blocks=64, tiers=tiers)
     want = token_ids(first.generate(prompts[:2], SHORT))
-    first.engine.flush()  # evict everything: write-back to disk
+    first.engine.admin(Flush())  # evict everything: write-back to disk
     first.engine.close()
     second = make_llm(num_blocks=64, tiers=tiers)
     outs = second.generate(prompts[:2], SHORT)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.kv.admin import CacheStatsOp, Flush
 from engine.llm import LLM
 from engine.sampling import SamplingParams
 from storage.config import TierConfig
@@ -53,7 +54,7 @@ def test_batch_size_chunk_size_and_cache_hits_change_no_bit(make_llm, tiny_model
         llm = engine(make_llm, model, dtype, max_num_seqs=batch, max_num_batched_tokens=chunk)
         assert answers(llm, prompts) == want, (batch, chunk, "cold")
         assert answers(llm, prompts) == want, (batch, chunk, "warm: device tree hits")
-        assert llm.engine.cache_stats().total().hit_tokens > 0
+        assert llm.engine.admin(CacheStatsOp()).total().hit_tokens > 0
 
 
 def test_each_spill_tier_loads_back_the_same_bits(make_llm, tiny_models, tmp_path, redis_server):
@@ -68,7 +69,7 @@ def test_each_spill_tier_loads_back_the_same_bits(make_llm, tiny_models, tmp_pat
     for name, config in tiers.items():
         llm = make_llm(model, dtype="bfloat16", num_blocks=40, deterministic=True, tiers=config)
         assert answers(llm, prompts) == want, name  # cold, spilling as it goes
-        llm.engine.flush()
+        llm.engine.admin(Flush())
         assert llm.engine.tiers.store.wait_idle(30)
         assert answers(llm, prompts) == want, name  # warm: prefixes come back from the tier
         loaded = llm.engine.tiers.store.stats().tiers[name].stats
@@ -86,7 +87,7 @@ def test_a_next_turn_over_decoded_tokens_matches_a_cold_recompute(make_llm, tiny
     second = [h + [rng.randrange(3, 250) for _ in range(11)] for h in history]
     cold = engine(make_llm, model, "bfloat16", enable_prefix_caching=False)
     assert answers(warm, second) == answers(cold, second)
-    assert warm.engine.cache_stats().total().hit_tokens > 0
+    assert warm.engine.admin(CacheStatsOp()).total().hit_tokens > 0
 
 
 @pytest.mark.slow

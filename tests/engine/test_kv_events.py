@@ -10,11 +10,18 @@ import msgspec
 import pytest
 import zmq
 
+from engine.kv.admin import Flush
 from engine.kv_events import KVEventsConfig, ZmqEventPublisher
-from engine.kv_events.wire import END_SEQ, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from engine.llm import LLM
 from engine.sampling import SamplingParams
 from radixcache.hashing import block_hashes
+from radixcache.kv_events_wire import (
+    END_SEQ_FRAME,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+)
 from storage.config import TierConfig
 
 LOOPBACK = "tcp://127.0.0.1:0"
@@ -37,7 +44,7 @@ def replay(publisher: ZmqEventPublisher, start: int = 0) -> list[tuple[int, byte
         while True:
             assert sock.poll(5000), "replay timed out"
             _, topic, seq, payload = sock.recv_multipart()
-            if seq == END_SEQ:
+            if seq == END_SEQ_FRAME:
                 return out
             out.append((int.from_bytes(seq, "big"), topic, payload))
     finally:
@@ -106,7 +113,7 @@ def test_events_follow_evictions_and_match_the_tree(make_llm: Callable[..., LLM]
 def test_flush_publishes_removals(make_llm: Callable[..., LLM]) -> None:
     llm = make_llm(num_blocks=64, kv_events=events_config())
     llm.generate([list(range(40, 60))], greedy(1))
-    assert llm.engine.blocks.flush(None) > 0
+    assert llm.engine.admin(Flush()) > 0
     assert live_hashes(events_of(llm.engine.kv_events), "GPU") == {}
 
 

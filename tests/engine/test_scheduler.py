@@ -1,4 +1,4 @@
-"""Scheduler and block manager on a real PrefixCache, without a model: the step loop is simulated
+"""Scheduler and KV cache manager on a real PrefixCache, without a model: the step loop is simulated
 (KV "computed" = counters advanced; a sampled token = a fixed id)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.block_manager import BlockManager
 from engine.detokenizer import IncrementalDetokenizer
+from engine.kv import KVCacheManager, MatchState
 from engine.kv_cache import KVCache
 from engine.request import Request, RequestTooLarge, Sequence, SequenceStatus
 from engine.sampling import SamplingParams
@@ -22,8 +22,8 @@ NS = Namespace("test-model", "float32", BS)
 def _setup(num_blocks=32, max_seqs=8, budget=64, max_len=256):
     cache = PrefixCache(num_blocks, BS)
     kv = KVCache(1, num_blocks, BS, 1, 2, torch.float32)
-    blocks = BlockManager(cache, kv)
-    return Scheduler(blocks, num_blocks, max_seqs, budget, max_len), cache
+    kv_manager = KVCacheManager(cache, kv)
+    return Scheduler(kv_manager, max_seqs, budget, max_len), cache
 
 
 def _seq(tokens: list[int], priority: int = 0, rid: str = "r") -> Sequence:
@@ -39,7 +39,7 @@ def _step(sched: Scheduler) -> list[tuple[Sequence, int]]:
     batch = sched.schedule()
     for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
         seq.num_computed_tokens += n
-        sched.blocks.commit(seq)
+        sched.kv.commit(seq)
         if seq.num_computed_tokens == seq.num_tokens:
             seq.token_ids.append(7)
     return list(zip(batch.seqs, batch.num_new_tokens, strict=True))
@@ -128,11 +128,12 @@ def test_insert_duplicates_switch_to_the_tree_blocks_and_free_ours():
     tokens = list(range(70, 79))  # 2 full blocks + 1
     a, b = _seq(tokens, rid="a"), _seq(tokens, rid="b")
     for seq in (a, b):  # both admitted before either computed anything
-        assert sched.blocks.admit(seq, 64)
+        assert sched.kv.match(seq) is MatchState.READY
+        assert sched.kv.allocate(seq, seq.num_tokens - seq.num_computed_tokens)
         seq.num_computed_tokens = len(tokens)
-    sched.blocks.commit(a)
+    sched.kv.commit(a)
     b_private = list(b.block_ids[:2])
-    sched.blocks.commit(b)
+    sched.kv.commit(b)
     assert b.block_ids[:2] == a.block_ids[:2] != b_private
     assert cache.num_free_blocks() == 16 - 2 - 2  # tree blocks + one partial block each
     cache.check_integrity()

@@ -171,19 +171,6 @@ def test_collision_guard_with_a_constant_hash():
     cache.check_integrity()
 
 
-def test_sibling_private_ref_keeps_an_adopted_block():
-    cache = PrefixCache(4, BS)
-    blocks = cache.allocate(2)
-    cache.incref(blocks)  # a parallel-sampling sibling shares them
-    res = cache.insert(NS, seq(0, 2), blocks)
-    assert cache.num_evictable_blocks() == 0 and len(cache.evict(2)) == 0
-    cache.check_integrity()
-    cache.free(blocks)  # the sibling finishes
-    assert cache.num_evictable_blocks() == 2
-    assert cache.match(NS, seq(0, 2)).block_ids == res.block_ids
-    cache.check_integrity()
-
-
 def test_invalid_inserts_raise():
     cache = PrefixCache(4, BS)
     with pytest.raises(ValueError):
@@ -244,24 +231,4 @@ def test_divergence_anywhere_in_a_long_node(diverge: int):
     m = cache.match(NS, query)
     assert m.block_ids == base.block_ids[:diverge] and m.num_tokens == diverge * BS
     assert cache.peek(NS, query).block_ids == base.block_ids[:diverge]
-    cache.check_integrity()
-
-
-def test_forked_siblings_commit_the_same_private_blocks():
-    """The engine's parallel-sampling flow: a sibling that finds its shared private blocks
-    already adopted (same ids, is_cached) frees its own reference after locking the path."""
-    cache = PrefixCache(8, BS)
-    blocks = cache.allocate(2)
-    cache.incref(blocks)  # parent and child both hold them
-    parent = cache.insert(NS, seq(0, 2), blocks)
-    cache.lock(parent.handle)
-    shared = [b for b in blocks if cache.is_cached(b)]
-    child = cache.insert(NS, seq(0, 2), blocks)
-    assert child.block_ids == blocks and child.duplicates == [] and shared == blocks
-    cache.lock(child.handle)
-    cache.free(shared)  # the child's private references
-    cache.unlock(parent.handle)
-    assert cache.num_evictable_blocks() == 0  # still locked by the child
-    cache.unlock(child.handle)
-    assert cache.num_evictable_blocks() == 2
     cache.check_integrity()

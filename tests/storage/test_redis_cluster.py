@@ -12,6 +12,7 @@ import httpx
 import pytest
 from redis.connection import Connection
 
+from engine.kv.admin import Flush
 from engine.llm import LLM
 from engine.outputs import RequestResult
 from engine.request import Prompt
@@ -278,7 +279,7 @@ def store_of(llm: LLM) -> TieredStore:
 
 
 def settle(llm: LLM) -> dict:
-    llm.engine.flush()
+    llm.engine.admin(Flush())
     assert store_of(llm).wait_idle(30)
     return store_of(llm).stats().tiers["redis"].stats.snapshot()
 

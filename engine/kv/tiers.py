@@ -1,7 +1,8 @@
-"""Moves KV bytes between the paged device pool and the spill tiers (TieredStore).
+"""Moves KV bytes between the paged device pool and the spill tiers (TieredStore); a listener of
+the KV cache manager: evicted blocks spill down, committed ones go to a write-through tier.
 
-It knows blocks by id and hash only; which sequence or tree node they belong to is the block
-manager's business."""
+It knows blocks by id and hash only; which sequence or tree node they belong to is the manager's
+business."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from engine.kv.listeners import Committed
     from engine.kv_cache import KVCache
     from radixcache.hashing import Namespace
     from radixcache.results import EvictedBlock
-    from storage.tiered import LoadResult, TieredStore
+    from storage.tiered import LoadResult, PendingLoad, TieredStore
 
 
 class KVTiers:
@@ -22,7 +24,8 @@ class KVTiers:
         t = kv_cache.tensor
         self.block_shape = (t.shape[0], t.shape[1], *t.shape[3:])  # [layers, 2, bs, Hkv, D]
 
-    def spill(self, evicted: list[EvictedBlock]) -> None:
+    # --- CacheListener ---
+    def blocks_evicted(self, evicted: list[EvictedBlock]) -> None:
         """Write-back: queues evicted blocks for the tiers. The store copies their KV before
         returning, so the caller may reuse the ids at once."""
         by_ns: dict[Namespace, list] = defaultdict(list)
@@ -32,17 +35,18 @@ class KVTiers:
         for ns, items in by_ns.items():
             self.store.store(ns, items)
 
-    def publish(self, ns: Namespace, hashes: list[int], block_ids: list[int]) -> None:
+    def blocks_committed(self, committed: Committed) -> None:
         """Write-through: freshly computed tree blocks go to the shared tier at once."""
-        if self.store.write_through and block_ids:
-            kv = self.kv_cache.tensor
-            self.store.publish(
-                ns, [(h, kv[:, :, b]) for h, b in zip(hashes, block_ids, strict=True)]
-            )
+        if not self.store.write_through or committed.loaded or not committed.new:
+            return
+        kv, new = self.kv_cache.tensor, committed.new
+        items = [(committed.hashes[i], kv[:, :, committed.block_ids[i]]) for i in new]
+        self.store.publish(committed.ns, items)
 
-    def load(self, ns: Namespace, hashes: list[int]) -> LoadResult:
-        """The longest run of leading `hashes` the tiers hold (KV on the host, not yet written)."""
-        return self.store.load_prefix(ns, hashes, shape=self.block_shape)
+    # --- loads ---
+    def start_load(self, ns: Namespace, hashes: list[int]) -> PendingLoad:
+        """Starts loading the longest run of leading `hashes` the tiers hold (off this thread)."""
+        return self.store.start_load(ns, hashes, shape=self.block_shape)
 
     def write(self, block_ids: list[int], loaded: LoadResult) -> None:
         self.kv_cache.write_blocks(block_ids, loaded.blocks)

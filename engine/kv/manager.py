@@ -1,0 +1,269 @@
+"""KVCacheManager: the scheduler's one way to the KV blocks. Its verbs:
+
+  match(seq)         lock seq's cached device prefix; READY, or LOADING while the spill tiers
+                     bring back the blocks after it (the scheduler parks the sequence meanwhile)
+  load_ready(seq)    its load is done or past its deadline: match it again to install the blocks
+  can_fit(n)         n more blocks can be had (free + evictable)
+  allocate(seq, n)   blocks for n more tokens, evicting when short
+  commit(seq)        hand newly full computed blocks to the tree
+  free(seq)          drop everything seq holds (its tree blocks stay cached)
+
+It is the one caller of eviction: victims go to the listeners (the spill tiers, the KV events).
+
+A sequence's table is [tree blocks | private blocks]:
+  block_ids[:num_tree_blocks]  held by the radix tree, kept alive by locking `seq.handle`
+  block_ids[num_tree_blocks:]  private to the sequence (one reference each in the pool)
+
+With prefix caching off the tree still serves one request's sibling samples (n > 1): their
+namespace is private to the request and flushed when its last sibling lets go.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from engine.kv.listeners import CacheListener, Committed
+from engine.request import Sequence
+from radixcache.hashing import block_hashes
+from radixcache.tier_names import TierName
+
+if TYPE_CHECKING:
+    from engine.kv.tiers import KVTiers
+    from engine.kv_cache import KVCache
+    from radixcache.hashing import Namespace
+    from radixcache.prefix_cache import PrefixCache
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class MatchState(Enum):
+    READY = "ready"  # the cached prefix is locked; allocate the first chunk
+    LOADING = "loading"  # blocks are coming from a spill tier; ask load_ready before admitting
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        cache: PrefixCache,
+        kv_cache: KVCache,
+        *,
+        caching: bool = True,
+        tiers: KVTiers | None = None,
+        listeners: tuple[CacheListener, ...] = (),
+    ) -> None:
+        self.cache = cache
+        self.kv_cache = kv_cache
+        self.caching = caching
+        self.tiers = tiers if caching else None
+        self.listeners = listeners if caching else ()
+        self.block_size = cache.block_size
+        self.num_blocks = cache.num_blocks
+
+    # --- admission ---
+    def match(self, seq: Sequence) -> MatchState:
+        """Locks seq's cached prefix (on the device, or loaded back for it). LOADING: a load from
+        the spill tiers started; the sequence holds its device prefix until it is matched again."""
+        if seq.kv_load is not None:
+            self._install(seq)
+        else:
+            last_hash = self._match_device(seq)
+            if self.tiers is not None and self._start_load(seq, last_hash, self.tiers):
+                return MatchState.LOADING
+        self._reuse_last_block(seq)
+        return MatchState.READY
+
+    def load_ready(self, seq: Sequence, now: float) -> bool:
+        return seq.kv_load is None or seq.kv_load.ready(now)
+
+    def wait_for_load(self, seq: Sequence, timeout: float) -> None:
+        """Blocks until seq's load is done, at most `timeout` (only when nothing else can run)."""
+        if seq.kv_load is not None:
+            seq.kv_load.wait(min(timeout, max(0.0, seq.kv_load.deadline - time.monotonic())))
+
+    def peek(self, seq: Sequence) -> int:
+        """Tokens of seq's prefix cached on the device now (no stats, no lock); -1 when the
+        sequence has nothing to share (caching off, one sample)."""
+        if not self._shares(seq):
+            return -1
+        return self.cache.peek(self._ns(seq), seq.token_ids[:-1]).num_tokens
+
+    def can_fit(self, num_blocks: int) -> bool:
+        return self.cache.can_allocate(num_blocks)
+
+    def _match_device(self, seq: Sequence) -> int | None:
+        if not self._shares(seq):
+            seq.handle, seq.block_ids, seq.num_tree_blocks, seq.num_computed_tokens = None, [], 0, 0
+            return None
+        match = self.cache.match(self._ns(seq), seq.token_ids[:-1])
+        self.cache.lock(match.handle)
+        seq.handle = match.handle
+        seq.block_ids = list(match.block_ids)
+        seq.num_tree_blocks = len(match.block_ids)
+        seq.num_computed_tokens = match.num_tokens
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = match.num_tokens
+            seq.cached_by_tier = {TierName.DEVICE: match.num_tokens}
+        return match.last_hash
+
+    def _start_load(self, seq: Sequence, last_hash: int | None, tiers: KVTiers) -> bool:
+        """Starts loading the full blocks of tokens[:-1] after the device match; False when
+        there are none to ask for."""
+        bs, start = self.block_size, seq.num_computed_tokens
+        end = (seq.num_tokens - 1) // bs * bs
+        if end <= start:
+            return False
+        ns = self._ns(seq)
+        hashes = block_hashes(ns, seq.token_ids[start:end], parent_hash=last_hash)
+        seq.kv_load = tiers.start_load(ns, hashes)
+        return True
+
+    def _install(self, seq: Sequence) -> None:
+        """Writes the blocks a finished (or expired) load brought into new device blocks and
+        commits them to the tree like computed ones; what did not come is recomputed."""
+        assert seq.kv_load is not None and self.tiers is not None
+        loaded = seq.kv_load.take()
+        seq.kv_load = None
+        ids = self._take(len(loaded.blocks)) if loaded.blocks else None
+        if not ids:
+            return
+        self.tiers.write(ids, loaded)
+        bs = self.block_size
+        seq.block_ids += ids
+        seq.num_computed_tokens += len(ids) * bs
+        self._commit(seq, loaded=True)
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens += len(ids) * bs
+            for name in loaded.tiers:
+                seq.cached_by_tier[name] = seq.cached_by_tier.get(name, 0) + bs
+
+    def _reuse_last_block(self, seq: Sequence) -> None:
+        """A sequence whose every block is cached (it ends on a block boundary, so the match of
+        tokens[:-1] stopped one block short): copy the tree's last block into a private one and
+        compute only the last token (for its logits) instead of the whole block again."""
+        bs = self.block_size
+        if seq.num_tokens % bs or seq.num_computed_tokens != seq.num_tokens - bs:
+            return
+        if self.cache.num_free_blocks() < 1:  # taking one must not evict the block to copy
+            return
+        full = self.cache.peek(self._ns(seq), seq.token_ids)
+        if full.num_tokens != seq.num_tokens:
+            return
+        (copy,) = self.cache.allocate(1)
+        self.kv_cache.copy_block(full.block_ids[-1], copy)
+        seq.block_ids.append(copy)
+        seq.num_computed_tokens = seq.num_tokens - 1
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens += bs - 1
+            device = seq.cached_by_tier.get(TierName.DEVICE, 0)
+            seq.cached_by_tier[TierName.DEVICE] = device + bs - 1
+
+    # --- growth ---
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Ensures blocks for [0, num_computed + num_new_tokens); False (nothing changed) if short."""
+        target = blocks_for(seq.num_computed_tokens + num_new_tokens, self.block_size)
+        missing = target - len(seq.block_ids)
+        if missing <= 0:
+            return True
+        new = self._take(missing)
+        if new is None:
+            return False
+        seq.block_ids.extend(new)
+        return True
+
+    def _take(self, n: int) -> list[int] | None:
+        """`n` free block ids; when short, the policy's victims are evicted first and handed to
+        the listeners (with none, they are dropped: no hashes, no records)."""
+        short = n - self.cache.num_free_blocks()
+        if short > 0:
+            if short > self.cache.num_evictable_blocks():
+                return None
+            if self.listeners:
+                self._evicted(self.cache.evict(short))
+            else:
+                self.cache.drop(short)
+        return self.cache.allocate(n)
+
+    def _evicted(self, evicted: list) -> None:
+        for listener in self.listeners:
+            listener.blocks_evicted(evicted)
+
+    def flush(self, ns: Namespace | None) -> int:
+        """Evicts every unreferenced cached block (of `ns`, or all), through the listeners."""
+        evicted = self.cache.flush(ns)
+        if evicted:
+            self._evicted(evicted)
+        return len(evicted)
+
+    # --- commit ---
+    def commit(self, seq: Sequence) -> None:
+        """Hands newly full, computed blocks to the tree (dedup: switch to the tree's copy)."""
+        if self._shares(seq):
+            self._commit(seq, loaded=False)
+
+    def _commit(self, seq: Sequence, loaded: bool) -> None:
+        num_full = seq.num_computed_tokens // self.block_size
+        if num_full <= seq.num_tree_blocks:
+            return
+        ns = self._ns(seq)
+        tokens = seq.token_ids[: num_full * self.block_size]
+        before = seq.block_ids[:num_full]
+        result = self.cache.insert(ns, tokens, before)
+        mine = set(before)
+        duplicates = [b for b in result.duplicates if b in mine and b not in result.block_ids]
+        if duplicates:
+            self.cache.free(duplicates)
+        seq.block_ids[:num_full] = result.block_ids
+        self.cache.lock(result.handle)
+        if seq.handle is not None:
+            self.cache.unlock(seq.handle)
+        seq.handle = result.handle
+        if self.listeners:
+            new = range(seq.num_tree_blocks, num_full)
+            kept = [i for i in new if before[i] == result.block_ids[i]]
+            committed = Committed(
+                ns,
+                self.cache.hashes_of(result.handle),
+                seq.block_ids[:num_full],
+                tokens,
+                new,
+                kept,
+                loaded,
+            )
+            for listener in self.listeners:
+                listener.blocks_committed(committed)
+        seq.num_tree_blocks = num_full
+
+    # --- release ---
+    def free(self, seq: Sequence) -> None:
+        """Drops everything the sequence holds; its tree blocks stay cached (evictable)."""
+        if seq.kv_load is not None:
+            seq.kv_load.cancel()
+            seq.kv_load = None
+        private = seq.block_ids[seq.num_tree_blocks :]
+        if private:
+            self.cache.free(private)
+        if seq.handle is not None:
+            self.cache.unlock(seq.handle)
+        seq.handle = None
+        seq.block_ids = []
+        seq.num_tree_blocks = 0
+        seq.num_computed_tokens = 0
+        if not self.caching and seq.params.n > 1:
+            siblings = seq.request.seqs
+            if all((s.is_finished or s is seq) and s.handle is None for s in siblings):
+                ns = self._ns(seq)
+                self.cache.flush(ns)
+                self.cache.forget(ns)
+
+    def _shares(self, seq: Sequence) -> bool:
+        return self.caching or seq.params.n > 1
+
+    def _ns(self, seq: Sequence) -> Namespace:
+        ns = seq.request.namespace
+        if self.caching:
+            return ns
+        return ns.with_salt(f"{ns.cache_salt}\0siblings:{seq.request.request_id}")

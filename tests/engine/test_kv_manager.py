@@ -1,0 +1,53 @@
+"""KVCacheManager over a real PrefixCache: n > 1 siblings share the first one's prompt blocks as
+cache hits (caching on, or off: then in a namespace of the request's own) and never leak."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.kv import KVCacheManager, MatchState
+from engine.kv_cache import KVCache
+from engine.request import Request, Sequence, SequenceStatus
+from engine.sampling import SamplingParams
+from radixcache.hashing import Namespace
+from radixcache.prefix_cache import PrefixCache
+
+BS = 4
+NS = Namespace(model_id="m", kv_dtype="float32", block_size=BS)
+
+
+def _seq(request: Request, index: int) -> Sequence:
+    tokens = list(request.prompt_token_ids)
+    seq = Sequence(request, index, tokens, len(tokens), None, detok=None)  # type: ignore[arg-type]
+    request.seqs.append(seq)
+    return seq
+
+
+def _admit(manager: KVCacheManager, seq: Sequence) -> None:
+    assert manager.match(seq) is MatchState.READY
+    assert manager.allocate(seq, seq.num_tokens - seq.num_computed_tokens)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_siblings_share_the_first_ones_prompt_blocks_without_leaking(caching: bool) -> None:
+    cache = PrefixCache(16, BS)
+    manager = KVCacheManager(cache, KVCache(1, 16, BS, 1, 2, torch.float32), caching=caching)
+    request = Request("r", None, list(range(10, 20)), SamplingParams(n=2), NS)
+    first, sibling = _seq(request, 0), _seq(request, 1)
+    _admit(manager, first)
+    first.num_computed_tokens = first.num_tokens  # 10 tokens: 2 full blocks + a partial one
+    manager.commit(first)
+    _admit(manager, sibling)  # a cache hit of the first one's full blocks
+    assert sibling.num_computed_tokens == 8 and sibling.block_ids[:2] == first.block_ids[:2]
+    assert sibling.block_ids[2] != first.block_ids[2]  # each writes its own partial block
+    sibling.num_computed_tokens = sibling.num_tokens
+    manager.commit(sibling)
+    cache.check_integrity()
+    for seq in (first, sibling):
+        seq.status = SequenceStatus.FINISHED
+        manager.free(seq)
+    cache.check_integrity()
+    assert cache.num_free_blocks() + cache.num_evictable_blocks() == cache.num_blocks
+    assert cache.num_evictable_blocks() == (2 if caching else 0)  # caching off: flushed
+    assert cache.stats().namespaces.keys() <= {NS}  # no namespace of the request is left
