@@ -9,6 +9,7 @@ from typing import Any
 
 from api.auth import Caller
 from api.engine_stats import CacheCounters, EngineCounters, NamespaceCounters
+from radixcache.tier_names import TierName
 
 
 def _rate(hit: float, total: float) -> float:
@@ -78,7 +79,7 @@ def cache_report(
         "requests": {"running": counters.running, "waiting": counters.waiting},
         "redis_nodes": counters.redis_nodes,
         "compute_saved_note": "flops ~ 2 x parameters x tokens saved (attention not counted)",
-        "device": {
+        TierName.DEVICE: {
             "block_size": cache.block_size,
             "num_blocks": cache.num_blocks,
             "free": cache.free,

@@ -8,13 +8,21 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from engine.config import EVICTION_POLICIES
+from api.config import ApiConfig
+from api.router.config import RouterConfig
+from engine.config import EVICTION_POLICIES, EngineConfig
+from engine.dtypes import AUTO, DTYPES
+from engine.loader.default_model import DEFAULT_MODEL_NAME
+from radixcache.tier_names import TierName
+from storage.config import DiskFsync, TierConfig, WritePolicy
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-DEFAULT_MODEL_FOLDER = "SmolLM2-135M-Instruct"  # as engine.loader.default_model names it
+# every default below is the config dataclasses' own (one copy of each)
+ENGINE, API, TIERS = EngineConfig(), ApiConfig(), TierConfig()
+ROUTER_BLOCK_SIZE = RouterConfig.__dataclass_fields__["block_size"].default
 
 
 def parse_size(text: str) -> int:
@@ -99,23 +107,23 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--dtype",
-        default="auto",
-        choices=["auto", "bfloat16", "float16", "float32"],
+        default=ENGINE.dtype,
+        choices=[AUTO, *DTYPES],
         help="weights and KV cache dtype; auto: bfloat16 where the CPU has bf16 dot products "
         "(avx512_bf16, AMX) or on CUDA, float32 on other CPUs",
     )
-    g.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    g.add_argument("--device", default=ENGINE.device, help="torch device (cpu, cuda)")
     g.add_argument(
         "--deterministic",
         action="store_true",
         help="outputs bit-identical whatever the batch, chunking or cache hits (every token's "
         "attention through the native prefill kernel, matmuls in row-invariant calls; CPU)",
     )
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument("--block-size", type=int, default=ENGINE.block_size, help="tokens per KV block")
     g.add_argument(
         "--kv-memory",
         type=parse_size,
-        default="1G",
+        default=ENGINE.kv_cache_memory,
         help="bytes for the device KV pool (e.g. 512M, 2G)",
     )
     g.add_argument("--num-blocks", type=int, default=None, help="KV blocks (overrides --kv-memory)")
@@ -125,13 +133,20 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="context window in tokens; omitted: the model's",
     )
-    g.add_argument("--max-num-seqs", type=int, default=16, help="sequences run together")
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    g.add_argument(
+        "--max-num-seqs", type=int, default=ENGINE.max_num_seqs, help="sequences run together"
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=ENGINE.max_num_batched_tokens,
+        help="token budget per step",
+    )
     g.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     g.add_argument(
         "--eviction-policy",
         choices=EVICTION_POLICIES,
-        default="lru",
+        default=ENGINE.eviction_policy,
         help="device-pool eviction order (learned: better hit rates on small pools, see README)",
     )
     g.add_argument(
@@ -142,17 +157,20 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _tier_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("spill tiers below the device pool")
     g.add_argument(
-        "--host-tier-bytes", type=parse_size, default=0, help="host RAM tier budget (0 = off)"
+        "--host-tier-bytes",
+        type=parse_size,
+        default=TIERS.host_bytes,
+        help="host RAM tier budget (0 = off)",
     )
     g.add_argument(
         "--disk-path", type=Path, default=None, help="disk tier folder; omitted: <cache folder>/kv"
     )
-    g.add_argument("--disk-bytes", type=parse_size, default="4G", help="disk budget")
+    g.add_argument("--disk-bytes", type=parse_size, default=TIERS.disk_bytes, help="disk budget")
     g.add_argument("--no-disk", action="store_true", help="no disk tier")
     g.add_argument(
         "--disk-fsync",
-        default="none",
-        choices=["none", "per-file"],
+        default=TIERS.disk_fsync,
+        choices=get_args(DiskFsync),
         help="per-file: fsync each block and its folder (survives power loss; slower writes)",
     )
     g.add_argument(
@@ -163,13 +181,13 @@ def _tier_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--redis-ttl",
         type=parse_ttl,
-        default=24 * 3600,
+        default=TIERS.redis_ttl_s,
         help="seconds a block lives in Redis (0: no expiry, Redis's maxmemory-policy evicts)",
     )
     g.add_argument(
         "--write-policy",
-        default="write-back",
-        choices=["write-back", "write-through"],
+        default=TIERS.write_policy,
+        choices=get_args(WritePolicy),
         help="write-back: evicted blocks spill down; write-through: also to Redis at once",
     )
 
@@ -226,7 +244,10 @@ def _route_args(p: argparse.ArgumentParser) -> None:
         help="shortest cached share of the prompt that counts as a hit",
     )
     g.add_argument(
-        "--block-size", type=int, default=16, help="block size of replicas without events"
+        "--block-size",
+        type=int,
+        default=ROUTER_BLOCK_SIZE,
+        help="block size of replicas without events",
     )
 
 
@@ -253,18 +274,18 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-queue",
         type=int,
-        default=256,
+        default=API.max_queue,
         help="requests in flight (running + waiting) before 429",
     )
     g.add_argument(
         "--max-body-bytes",
         type=parse_size,
-        default="4M",
+        default=API.max_body_bytes,
         help="larger request bodies get 413",
     )
     g.add_argument(
         "--metrics-names",
-        default="radixcache",
+        default=API.metrics_names,
         choices=["radixcache", "vllm"],
         help="/metrics names: ours, or vLLM's for what vLLM also reports (its dashboards work)",
     )
@@ -347,7 +368,7 @@ def api_config(args: argparse.Namespace) -> Any:
 
 
 def describe_tiers(cfg: Any, device_blocks: int | None = None) -> str:
-    parts = ["device" + (f" ({device_blocks} blocks)" if device_blocks else "")]
+    parts = [TierName.DEVICE + (f" ({device_blocks} blocks)" if device_blocks else "")]
     tiers = cfg.tiers
     if tiers is not None:
         if tiers.host_bytes:
@@ -418,7 +439,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     url = f"http://{args.host}:{args.port}"
 
     def ready(state: Any) -> None:
-        device = state.counters().occupancy.get("device")
+        device = state.counters().occupancy.get(TierName.DEVICE)
         blocks = device.capacity_blocks if device is not None else None
         dtype = state.engine.engine.namespace.kv_dtype
         print(f"radixcache: serving {state.model_name} ({dtype}) at {url}/v1", flush=True)
@@ -445,7 +466,7 @@ def cmd_route(args: argparse.Namespace) -> int:
     from api.router.replicas import ReplicaSpec
 
     # the router runs no model: it only reads the folder's tokenizer (no torch import)
-    folder = Path(args.model) if args.model else cache_home() / "models" / DEFAULT_MODEL_FOLDER
+    folder = Path(args.model) if args.model else cache_home() / "models" / DEFAULT_MODEL_NAME
     if not (folder / "tokenizer.json").is_file():
         print(f"radixcache: no tokenizer.json in {folder} (run `radixcache pull`)", file=sys.stderr)
         return 2

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from radixcache.tier_names import TierName
+
 if TYPE_CHECKING:
     from engine.stats import EngineSnapshot
     from radixcache.stats import CacheStats
@@ -73,7 +75,7 @@ class EngineCounters:
 
 
 def _redis_nodes(snap: EngineSnapshot) -> dict[str, dict[str, int]]:
-    redis = None if snap.tiers is None else snap.tiers.tiers.get("redis")
+    redis = None if snap.tiers is None else snap.tiers.tiers.get(TierName.REDIS)
     nodes = getattr(redis.stats, "nodes", {}) if redis is not None else {}
     return {name: h.snapshot() for name, h in sorted(nodes.items())}
 
@@ -81,10 +83,10 @@ def _redis_nodes(snap: EngineSnapshot) -> dict[str, dict[str, int]]:
 def read_counters(snap: EngineSnapshot, output_tokens: int) -> EngineCounters:
     cs, totals, device_total = snap.cache, snap.totals, snap.cache.total()
     by_tier = dict(totals.cached_tokens_by_tier)
-    by_tier.setdefault("device", device_total.hit_tokens)
-    evictions = {"device": device_total.evicted_blocks}
+    by_tier.setdefault(TierName.DEVICE, device_total.hit_tokens)
+    evictions = {TierName.DEVICE: device_total.evicted_blocks}
     occupancy = {
-        "device": TierOccupancy(
+        TierName.DEVICE: TierOccupancy(
             used_blocks=cs.cached + cs.referenced, capacity_blocks=cs.num_blocks
         )
     }

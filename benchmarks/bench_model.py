@@ -33,6 +33,7 @@ from engine.attention import (
     load_native,
 )
 from engine.dtypes import torch_dtype
+from engine.kv_cache import KVCache
 from engine.loader import ensure_default_model, load_model
 
 BLOCK = 16
@@ -199,7 +200,7 @@ def main() -> None:
     rows = []
     for dtype_name in args.dtypes.split(","):
         model = load_model(path, torch_dtype(dtype_name), "cpu")
-        kv = model.make_kv_cache(num_blocks=1200, block_size=BLOCK)
+        kv = KVCache.for_model(model, 1200, BLOCK).tensor
         kv.normal_()
         for name in args.workloads.split(","):
             seconds, cpu_seconds = time_step(model, kv, name, args.reps)

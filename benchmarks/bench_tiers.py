@@ -1,9 +1,11 @@
 """Spill-tier benchmark: load-back vs recompute, tier bandwidth vs raw, multi-round chat per tier set.
 
-    python -m benchmarks.bench_tiers                       # all three sections, default model
+    python -m benchmarks.bench_tiers                       # all four sections, default model
     python -m benchmarks.bench_tiers --sections bandwidth  # one section
     python -m benchmarks.bench_tiers --quick               # smaller sizes (smoke run)
     python -m benchmarks.bench_tiers --sections cluster    # Redis Cluster next to one Redis
+    python -m benchmarks.bench_tiers --sections itl        # running streams' time per token
+                                                           # while others load (tier_itl.py)
 
 Prints a table per section and writes benchmarks/results/bench_tiers.json. Starts its own
 redis-server on a free loopback port (and, for `cluster`, a 3-master Redis Cluster). Disk numbers
@@ -26,6 +28,7 @@ import redis
 import redis.utils
 import torch
 
+from benchmarks.tier_itl import bench_itl
 from engine.kv.admin import Flush
 from engine.llm import LLM
 from engine.sampling import SamplingParams
@@ -39,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "bench_tiers.json"
 # SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64, bfloat16, 16-token blocks
 DEFAULT_BLOCK = (30, 2, 16, 3, 64)
-BATCH = 32  # blocks per tier call, as TieredStore.load_prefix does
+BATCH = 32  # blocks per tier call, as the TieredStore's loader does
 
 
 def table(title: str, header: list[str], rows: list[list]) -> None:
@@ -535,7 +538,7 @@ def save(results: dict[str, object]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default="bandwidth,loadback,chat")
+    parser.add_argument("--sections", default="bandwidth,loadback,chat,itl")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     sections = args.sections.split(",")
@@ -553,6 +556,8 @@ def main() -> None:
                     rows = bench_loadback(server, Path(tmp), sizes, 1 if quick else 2)
                 elif section == "cluster":
                     rows = bench_cluster(server, Path(tmp), quick)
+                elif section == "itl":
+                    rows = bench_itl(server, Path(tmp), quick)
                 elif section == "chat":
                     users, turns = (6, 2) if quick else (12, 3)
                     rows = bench_chat(server, Path(tmp), users, turns, answer=8)

@@ -21,7 +21,7 @@ class EngineConfig:
     dtype: str = AUTO  # a DTYPES name, or "auto": engine.dtypes.resolve_dtype picks per device
     device: str = "cpu"
     block_size: int = 16
-    kv_cache_memory: int | None = None  # bytes for the paged KV tensor
+    kv_cache_memory: int = 1 << 30  # bytes for the paged KV tensor
     num_blocks: int | None = None  # overrides kv_cache_memory when set
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
@@ -56,7 +56,7 @@ class EngineConfig:
             )
         if self.num_blocks is not None and self.num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
-        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+        if self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory must be positive")
 
     @classmethod

@@ -22,8 +22,6 @@ from radixcache.prefix_cache import PrefixCache
 if TYPE_CHECKING:
     from engine.config import EngineConfig
 
-DEFAULT_KV_CACHE_MEMORY = 1 << 30
-
 
 @dataclass(frozen=True)
 class EngineParts:
@@ -62,7 +60,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         mc.head_dim,
         dtype,
         device,
-        memory_bytes=config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY,
+        memory_bytes=config.kv_cache_memory,
         num_blocks=config.num_blocks,
     )
     prefix_cache = PrefixCache(

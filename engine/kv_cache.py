@@ -56,17 +56,26 @@ class KVCache:
             raise ValueError("KV cache budget too small for one block")
         return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device)
 
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, num_blocks: int, block_size: int) -> KVCache:
+        """A zeroed cache of `model`'s layout, dtype and device (tests, benchmarks)."""
+        c = model.config
+        return cls(
+            c.num_hidden_layers,
+            num_blocks,
+            block_size,
+            c.num_key_value_heads,
+            c.head_dim,
+            model.dtype,
+            model.device,
+        )
+
     @property
     def nbytes(self) -> int:
         return self.tensor.numel() * self.tensor.element_size()
 
     def copy_block(self, src: int, dst: int) -> None:
         self.tensor[:, :, dst] = self.tensor[:, :, src]
-
-    def read_blocks(self, block_ids: Sequence[int]) -> torch.Tensor:
-        # -> [len(ids), num_layers, 2, block_size, kv_heads, head_dim] (a copy, on CPU)
-        idx = torch.tensor(list(block_ids), dtype=torch.int64, device=self.tensor.device)
-        return self.tensor.index_select(2, idx).permute(2, 0, 1, 3, 4, 5).to("cpu")
 
     def write_blocks(self, block_ids: Sequence[int], blocks: Sequence[torch.Tensor]) -> None:
         for block_id, kv in zip(block_ids, blocks, strict=True):

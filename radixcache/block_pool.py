@@ -79,7 +79,8 @@ class BlockPool:
     def adopt_many(self, block_ids: Sequence[int]) -> list[int]:
         """The tree takes over one private reference of each block (all checked first).
 
-        Returns the blocks that still carry private references (shared with a sibling)."""
+        Returns the blocks that still carry other private references (the pool allows them; the
+        prefix cache never passes any)."""
         n = len(block_ids)
         if not n:
             return []

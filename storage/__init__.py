@@ -5,7 +5,9 @@ Public API (what the engine uses):
     TieredStore(config)
         .store(ns, [(block_hash, kv)])                  on device eviction; copies, never blocks
         .write_through / .publish(ns, [(block_hash, kv)]) computed blocks to Redis at once
-        .load_prefix(ns, hashes, deadline_s=None, shape=None) -> LoadResult(tiers, blocks)
+        .start_load(ns, hashes, deadline_s=None, shape=None) -> PendingLoad (returns at once)
+            .ready(now) / .wait(timeout) / .take() -> LoadResult(tiers, blocks) / .cancel()
+        .load_prefix(ns, hashes, deadline_s=None, shape=None) -> LoadResult  (blocking form)
         .locate(ns, hashes) -> [tier name]; .lookup_tokens(ns, hashes) -> {tier: tokens}
         .stats() -> StoreSnapshot(tiers={name: TierSnapshot}, store, pending_blocks); .wait_idle()
     Tiers (HostTier, DiskTier, RedisTier): batch contains / get / put / delete by block hash.

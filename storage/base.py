@@ -17,9 +17,9 @@ SpillDown = Callable[["Namespace", list[tuple[int, bytes]]], None]
 class TierStats:
     """Plain counters; a tier updates its own I/O fields, the TieredStore the lookup fields."""
 
-    hits: int = 0  # blocks loaded from this tier by load_prefix
+    hits: int = 0  # blocks loaded from this tier (start_load / load_prefix)
     hit_tokens: int = 0
-    misses: int = 0  # blocks load_prefix asked this tier for and it lacked
+    misses: int = 0  # blocks a load asked this tier for and it lacked
     bytes_read: int = 0
     bytes_written: int = 0
     blocks_written: int = 0
@@ -29,7 +29,7 @@ class TierStats:
     rejected_writes: int = 0  # writes refused: value over budget, disk full, breaker open
     breaker_opens: int = 0  # times the tier was taken out of service after a failure
     skipped_calls: int = 0  # calls answered as misses while the tier was out of service
-    load_time_s: float = 0.0  # time spent in get() on behalf of load_prefix
+    load_time_s: float = 0.0  # time spent in get() on behalf of loads
 
     def snapshot(self) -> dict[str, float]:
         return asdict(self)

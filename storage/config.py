@@ -29,14 +29,14 @@ class TierConfig:
 
     host_bytes: int = 0
     disk_path: Path | str | None = None
-    disk_bytes: int = 16 << 30
+    disk_bytes: int = 4 << 30
     redis_url: str | None = field(default=None, repr=False)  # may hold a password
     redis_prefix: str = "radixcache"
     redis_ttl_s: int | None = 24 * 3600
     redis_timeout_s: float = 0.25  # socket connect/read timeout
     redis_cooldown_s: float = 5.0  # circuit breaker: how long Redis is skipped after a failure
     write_policy: WritePolicy = "write-back"
-    deadline_s: float = 0.5  # the longest load_prefix may keep the engine waiting
+    deadline_s: float = 0.5  # how long a sequence waits for its load before it recomputes
     queue_blocks: int = 4096  # blocks waiting for the writer thread; more are dropped and counted
     disk_full_cooldown_s: float = 30.0  # writes stop this long after ENOSPC
     disk_fsync: DiskFsync = "none"  # per-file: fsync each block file and its folder (see disk.py)

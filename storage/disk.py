@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from radixcache.tier_names import TierName
 from storage.base import SpillDown, TierStats
 from storage.codec import CorruptBlock, verify_block
 
@@ -44,7 +45,7 @@ def _is_hex(name: str, length: int) -> bool:
 class DiskTier:
     """Thread-safe; file I/O for reads happens outside the index lock."""
 
-    name = "disk"
+    name = TierName.DISK
 
     def __init__(
         self,

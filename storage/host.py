@@ -6,6 +6,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from radixcache.tier_names import TierName
 from storage.base import SpillDown, TierStats
 
 if TYPE_CHECKING:
@@ -16,7 +17,7 @@ class HostTier:
     """Values live in memory as they were written (this process encoded them), so get() does not
     re-verify checksums. Thread-safe: the store's writer and loader threads share it."""
 
-    name = "host"
+    name = TierName.HOST
 
     def __init__(self, capacity_bytes: int, spill_down: SpillDown | None = None) -> None:
         self.capacity_bytes = capacity_bytes

@@ -1,4 +1,4 @@
-"""Helpers of TieredStore.load_prefix: find the leading run across tiers, collect loaded blocks."""
+"""Helpers of the TieredStore's loads: find the leading run across tiers, collect loaded blocks."""
 
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import AskError, MovedError
 
+from radixcache.tier_names import TierName
 from storage.base import SpillDown, block_key
 from storage.codec import CorruptBlock, verify_block
 from storage.redis_health import NodeHealth, RedisStats
@@ -51,7 +52,7 @@ HANDOFF_TRIES = 8  # stand-in keys tried for a block whose node is down
 
 
 class RedisTier:
-    name = "redis"
+    name = TierName.REDIS
 
     def __init__(
         self,

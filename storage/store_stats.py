@@ -11,10 +11,10 @@ from storage.base import TierStats
 class StoreStats:
     stored_blocks: int = 0  # blocks handed to store() and queued
     dropped_blocks: int = 0  # blocks refused because the writer queue was full
-    loads: int = 0  # load_prefix calls that asked the tiers
+    loads: int = 0  # loads that asked the tiers
     loaded_blocks: int = 0
-    deadline_misses: int = 0  # load_prefix calls that returned at the deadline
-    load_errors: int = 0  # load_prefix calls cut short by an unexpected tier exception
+    deadline_misses: int = 0  # loads taken before they were done (the deadline passed)
+    load_errors: int = 0  # loads cut short by an unexpected tier exception
 
 
 @dataclass(frozen=True)

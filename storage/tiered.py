@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from radixcache.tier_names import TierName
 from storage.base import Tier
 from storage.codec import CorruptBlock, decode_block
 from storage.config import TierConfig
@@ -97,7 +98,7 @@ class TieredStore:
         self.tiers: list[Tier] = config.build_tiers() if tiers is None else tiers
         self.store_stats = StoreStats()
         self.observer = observer
-        self._redis = next((t for t in self.tiers if t.name == "redis"), None)
+        self._redis = next((t for t in self.tiers if t.name == TierName.REDIS), None)
         self._writer = TierWriter(
             self.tiers, self.write_through, config.queue_blocks, self.store_stats, observer
         )
@@ -171,7 +172,7 @@ class TieredStore:
         return out
 
     def stats(self) -> StoreSnapshot:
-        budgets = {"host": self.config.host_bytes, "disk": self.config.disk_bytes}
+        budgets = {TierName.HOST: self.config.host_bytes, TierName.DISK: self.config.disk_bytes}
         tiers = {
             t.name: TierSnapshot(replace(t.stats), t.used_bytes(), budgets.get(t.name))
             for t in self.tiers

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from radixcache.tier_names import TierName
 from storage.base import Tier
 from storage.codec import encode_block
 
@@ -46,7 +47,9 @@ class TierWriter:
     ):
         self.tiers = tiers
         self.observer = observer
-        self.redis = next((t for t in tiers if t.name == "redis"), None) if write_through else None
+        self.redis = (
+            next((t for t in tiers if t.name == TierName.REDIS), None) if write_through else None
+        )
         self.capacity = capacity
         self.stats = stats
         self.pending = 0  # blocks queued, not yet written

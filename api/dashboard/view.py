@@ -11,6 +11,7 @@ from typing import Any
 from api.auth import TENANT_PREFIX, Caller
 from api.engine_stats import CacheCounters, TierOccupancy
 from radixcache.stats import MissRatioPoint, PrefixInfo
+from radixcache.tier_names import TierName
 
 NO_TENANT = "(no tenant)"
 MAX_CURVE_ERROR = 0.2  # |curve at 1x - measured device hit rate| beyond which we do not advise
@@ -62,7 +63,7 @@ def tenant_rows(total: CacheCounters, window: CacheCounters, caller: Caller) -> 
 
 
 def device_hit_rate(total: CacheCounters) -> float | None:
-    device = total.hit_tokens_by_tier.get("device", 0)
+    device = total.hit_tokens_by_tier.get(TierName.DEVICE, 0)
     return device / total.query_tokens if total.query_tokens else None
 
 
@@ -155,8 +156,8 @@ def spill_estimate(
 ) -> dict[str, Any] | None:
     """The hit rate the curve estimates for the device pool plus the spill tiers' budgets (the
     tiers take what the pool evicts, so together they behave about like one larger LRU cache)."""
-    device = occupancy.get("device")
-    spill = {t: o for t, o in occupancy.items() if t != "device"}
+    device = occupancy.get(TierName.DEVICE)
+    spill = {t: o for t, o in occupancy.items() if t != TierName.DEVICE}
     if not curve or device is None or not device.capacity_blocks or not spill:
         return None
     if not _trusted(curve, measured):

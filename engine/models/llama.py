@@ -182,9 +182,3 @@ class LlamaForCausalLM(nn.Module):
         except RuntimeError:
             return False
         return True
-
-    def make_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
-        """A zeroed KV cache of the contract's layout for this model."""
-        c = self.config
-        shape = (c.num_hidden_layers, 2, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
-        return torch.zeros(shape, dtype=self.dtype, device=self.device)

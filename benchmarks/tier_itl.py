@@ -1,0 +1,149 @@
+"""Inter-token latency of running streams while other requests load their prefixes from a spill
+tier (bench_tiers --sections itl).
+
+    python -m benchmarks.bench_tiers --sections itl [--quick]
+    python -m benchmarks.tier_itl [--quick]        # the same, standalone
+
+Per tier (disk only, Redis only): `streams` requests decode while nothing else happens (the
+baseline), then while `loads` requests whose prefix sits only in that tier arrive one after
+another; the time between consecutive tokens of every stream is recorded in both phases.
+Written against the engine's public surface (LLM, add_request, step) only, so this file also
+runs unchanged on older checkouts (copy it there) for a before/after comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from engine.llm import LLM
+from engine.request import Prompt
+from engine.sampling import SamplingParams
+from storage import TierConfig
+from tests.redis_server import RedisServer
+
+
+def _flush(llm: LLM) -> None:
+    """Device cache emptied into the tiers, every queued write done (any engine version)."""
+    engine = llm.engine
+    try:
+        from engine.kv.admin import Flush
+
+        engine.admin(Flush())
+    except ImportError:  # before the typed admin path
+        engine.flush()
+    assert engine.tiers.store.wait_idle(600)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _run_phase(llm: LLM, streams: list[str], steps: int, loads: list[list[int]]) -> list[float]:
+    """Steps the engine; a new load request arrives whenever the previous one finished. Returns
+    the gaps between consecutive tokens of the streams (seconds)."""
+    engine, last, gaps = llm.engine, {}, []
+    pending = list(loads)
+    loading: str | None = None
+    done = 0
+    greedy1 = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    while done < steps or pending or loading is not None:
+        if loading is None and pending:
+            loading = f"load{len(pending)}-{time.monotonic_ns()}"
+            engine.add_request(loading, Prompt(pending.pop(0)), greedy1)
+        outputs = engine.step()
+        now = time.perf_counter()
+        for out in outputs:
+            if out.request_id in streams:
+                if out.request_id in last:
+                    gaps.append(now - last[out.request_id])
+                last[out.request_id] = now
+            elif out.request_id == loading and out.finished:
+                loading = None
+        done += 1
+    return gaps
+
+
+def bench_itl_tier(
+    name: str, cfg: TierConfig, prompt_tokens: int, num_streams: int, num_loads: int, steps: int
+) -> dict:
+    llm = LLM(None, tiers=cfg, seed=0, num_blocks=2048)
+    vocab = llm.tokenizer.vocab_size
+    rng = random.Random(4)
+    n = min(prompt_tokens, llm.engine.max_model_len - 1)
+    loads = [[rng.randrange(100, vocab - 100) for _ in range(n)] for _ in range(num_loads)]
+    llm.generate(loads, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    _flush(llm)  # the load prompts' blocks now live only in the tier
+    long = SamplingParams(max_tokens=4 * steps + 64, temperature=0.0, ignore_eos=True)
+    streams = [f"stream{i}" for i in range(num_streams)]
+    for sid in streams:
+        llm.engine.add_request(
+            sid, Prompt([rng.randrange(100, vocab - 100) for _ in range(64)]), long
+        )
+    for _ in range(8):  # warm-up: every stream prefilled and decoding
+        llm.engine.step()
+    base = _run_phase(llm, streams, steps, [])
+    with_loads = _run_phase(llm, streams, steps, loads)
+    for sid in streams:
+        llm.engine.abort(sid)
+    llm.engine.close()
+    row = {
+        "tier": name,
+        "prompt_tokens": n,
+        "streams": num_streams,
+        "loads": num_loads,
+        "itl_p50_s": _pct(base, 0.5),
+        "itl_p99_s": _pct(base, 0.99),
+        "itl_p50_loads_s": _pct(with_loads, 0.5),
+        "itl_p99_loads_s": _pct(with_loads, 0.99),
+        "itl_max_loads_s": max(with_loads),
+        "mean_s": statistics.mean(base),
+        "mean_loads_s": statistics.mean(with_loads),
+    }
+    row["p99_ratio"] = row["itl_p99_loads_s"] / row["itl_p99_s"]
+    print(f"  itl {name}: {row}", flush=True)
+    return row
+
+
+def bench_itl(server: RedisServer, tmp: Path, quick: bool) -> list[dict]:
+    size, streams, loads, steps = (512, 2, 3, 24) if quick else (2048, 4, 8, 96)
+    configs = {
+        "disk": TierConfig(disk_path=tmp / "itl-disk", deadline_s=60.0),
+        "redis": TierConfig(
+            redis_url=server.url, redis_prefix="bench-itl", redis_timeout_s=10.0, deadline_s=60.0
+        ),
+    }
+    rows = [bench_itl_tier(name, cfg, size, streams, loads, steps) for name, cfg in configs.items()]
+    header = ["tier", "prompt", "streams", "loads", "p50", "p99", "p50 loads", "p99 loads"]
+    print(
+        "\nTime per output token (s) of running streams, alone and while other requests load "
+        "their prefix from the tier (deadline 60 s: no load cut short)"
+    )
+    print("  ".join(header + ["p99 ratio"]))
+    for r in rows:
+        cells = [r["tier"], r["prompt_tokens"], r["streams"], r["loads"], r["itl_p50_s"],
+                 r["itl_p99_s"], r["itl_p50_loads_s"], r["itl_p99_loads_s"], r["p99_ratio"]]  # fmt: skip
+        print("  ".join(f"{c:.4f}" if isinstance(c, float) else str(c) for c in cells))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = RedisServer(Path(tmp))
+        server.start()
+        try:
+            bench_itl(server, Path(tmp), args.quick)
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
