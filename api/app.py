@@ -69,7 +69,7 @@ def create_app(
             flops_per_token=2.0 * engine.num_parameters,
         )
         metrics.watch_engine(state.counters, state.tokens_per_s)
-        publisher = engine.engine.kv_events
+        publisher = engine.kv_events
         if publisher is not None:
             metrics.watch_kv_events(lambda: publisher.stats)
         await asyncio.to_thread(state.sample)

@@ -441,11 +441,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def ready(state: Any) -> None:
         device = state.counters().occupancy.get(TierName.DEVICE)
         blocks = device.capacity_blocks if device is not None else None
-        dtype = state.engine.engine.namespace.kv_dtype
+        dtype = state.engine.kv_dtype
         print(f"radixcache: serving {state.model_name} ({dtype}) at {url}/v1", flush=True)
         print(f"radixcache: KV cache tiers: {describe_tiers(ecfg, blocks)}", flush=True)
         print(f"radixcache: {describe_auth(acfg, args.host)}", flush=True)
-        publisher = state.engine.engine.kv_events
+        publisher = state.engine.kv_events
         if publisher is not None:
             replay = publisher.replay_endpoint or "no replay"
             print(f"radixcache: KV events at {publisher.endpoint} ({replay})", flush=True)

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from engine.config import EngineConfig
 from engine.kv.admin import AdminOp, CheckIntegrity
+from engine.kv_events import ZmqEventPublisher
 from engine.llm_engine import LLMEngine
 from engine.openmp import release_thread_pool
 from engine.outputs import RequestOutput
@@ -133,6 +134,15 @@ class AsyncEngine:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @property
+    def kv_dtype(self) -> str:
+        return self.engine.namespace.kv_dtype
+
+    @property
+    def kv_events(self) -> ZmqEventPublisher | None:
+        """The KV-events publisher (its counters are thread-safe reads), None when off."""
+        return self.engine.kv_events
 
     @property
     def num_parameters(self) -> int:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.dtypes import resolve_dtype
-from engine.kv import KVCacheManager
+from engine.kv import KVCacheManager, NoPrefixCacheManager
 from engine.kv.tiers import KVTiers
 from engine.kv_cache import DTYPES, KVCache
 from engine.kv_events import KVEventSink, ZmqEventPublisher
@@ -68,14 +68,13 @@ def build_parts(config: EngineConfig) -> EngineParts:
     )
     publisher, sink = _build_events(config)
     tiers = _build_tiers(config, kv_cache, sink)
-    listeners = tuple(x for x in (tiers, sink) if x is not None)
-    kv = KVCacheManager(
-        prefix_cache,
-        kv_cache,
-        caching=config.enable_prefix_caching,
-        tiers=tiers,
-        listeners=listeners,
-    )
+    if config.enable_prefix_caching:
+        listeners = tuple(x for x in (tiers, sink) if x is not None)
+        kv: KVCacheManager = KVCacheManager(
+            prefix_cache, kv_cache, tiers=tiers, listeners=listeners
+        )
+    else:
+        kv = NoPrefixCacheManager(prefix_cache, kv_cache)
     scheduler = Scheduler(
         kv,
         config.max_num_seqs,

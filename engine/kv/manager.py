@@ -14,8 +14,7 @@ A sequence's table is [tree blocks | private blocks]:
   block_ids[:num_tree_blocks]  held by the radix tree, kept alive by locking `seq.handle`
   block_ids[num_tree_blocks:]  private to the sequence (one reference each in the pool)
 
-With prefix caching off the tree still serves one request's sibling samples (n > 1): their
-namespace is private to the request and flushed when its last sibling lets go.
+Prefix caching off is its own class (engine/kv/no_cache.py).
 """
 
 from __future__ import annotations
@@ -51,15 +50,13 @@ class KVCacheManager:
         cache: PrefixCache,
         kv_cache: KVCache,
         *,
-        caching: bool = True,
         tiers: KVTiers | None = None,
         listeners: tuple[CacheListener, ...] = (),
     ) -> None:
         self.cache = cache
         self.kv_cache = kv_cache
-        self.caching = caching
-        self.tiers = tiers if caching else None
-        self.listeners = listeners if caching else ()
+        self.tiers = tiers
+        self.listeners = listeners
         self.block_size = cache.block_size
         self.num_blocks = cache.num_blocks
 
@@ -252,18 +249,10 @@ class KVCacheManager:
         seq.block_ids = []
         seq.num_tree_blocks = 0
         seq.num_computed_tokens = 0
-        if not self.caching and seq.params.n > 1:
-            siblings = seq.request.seqs
-            if all((s.is_finished or s is seq) and s.handle is None for s in siblings):
-                ns = self._ns(seq)
-                self.cache.flush(ns)
-                self.cache.forget(ns)
 
     def _shares(self, seq: Sequence) -> bool:
-        return self.caching or seq.params.n > 1
+        """Whether seq's blocks go through the tree (always, with prefix caching on)."""
+        return True
 
     def _ns(self, seq: Sequence) -> Namespace:
-        ns = seq.request.namespace
-        if self.caching:
-            return ns
-        return ns.with_salt(f"{ns.cache_salt}\0siblings:{seq.request.request_id}")
+        return seq.request.namespace

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.kv.admin import Flush, Lookup
+from engine.kv.admin import CheckIntegrity, Flush, Lookup
 from engine.llm import LLM
 from engine.sampling import SamplingParams
 from storage.base import TierStats
@@ -240,3 +240,41 @@ def test_disk_tier_survives_a_restart(make_llm, tmp_path):
     outs = second.generate(prompts[:2], SHORT)
     assert token_ids(outs) == want
     assert all(o.cached_tokens_by_tier.get("disk", 0) == 20 for o in outs)
+
+
+def test_a_load_from_a_stalled_tier_does_not_stall_running_streams(
+    make_llm, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """While Redis stalls every client, a request whose prefix is only in Redis waits in its own
+    state (LOADING) and the running stream gets a token every step; once Redis answers, the
+    request is admitted with its prefix loaded, not recomputed."""
+    from engine.request import Prompt, SequenceStatus
+
+    tiers = tier_config("redis", tmp_path, redis_server.url, deadline_s=60.0, redis_timeout_s=30.0)
+    llm = make_llm(num_blocks=256, tiers=tiers)
+    engine = llm.engine
+    rng = random.Random(7)
+    loaded = [rng.randrange(10, 200) for _ in range(41)]  # 10 full blocks of tokens[:-1]
+    llm.generate([loaded], PARAMS)
+    settle(llm)  # its blocks now live only in Redis
+    long = SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True)
+    engine.add_request("stream", Prompt([rng.randrange(10, 200) for _ in range(9)]), long)
+    while not engine.requests["stream"].seqs[0].num_output_tokens:
+        engine.step()
+    redis_server.client().client_pause(2000)  # the loader's Redis calls block for 2 s
+    engine.add_request("load", Prompt(loaded), PARAMS)
+    waiting = engine.requests["load"].seqs[0]
+    steps = stream_tokens = 0
+    while True:
+        outs = engine.step()
+        if waiting.status is not SequenceStatus.LOADING:
+            break
+        steps += 1
+        stream_tokens += sum(len(d.token_ids) for o in outs for d in o.outputs)
+    assert steps >= 2 and stream_tokens == steps  # a token every step while the load waited
+    result = None
+    while result is None:
+        result = next((o for o in engine.step() if o.request_id == "load" and o.finished), None)
+    assert result.cached_tokens_by_tier.get("redis", 0) == 40
+    engine.abort("stream")
+    engine.admin(CheckIntegrity())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv import KVCacheManager, MatchState
+from engine.kv import KVCacheManager, MatchState, NoPrefixCacheManager
 from engine.kv_cache import KVCache
 from engine.request import Request, Sequence, SequenceStatus
 from engine.sampling import SamplingParams
@@ -32,7 +32,8 @@ def _admit(manager: KVCacheManager, seq: Sequence) -> None:
 @pytest.mark.parametrize("caching", [True, False])
 def test_siblings_share_the_first_ones_prompt_blocks_without_leaking(caching: bool) -> None:
     cache = PrefixCache(16, BS)
-    manager = KVCacheManager(cache, KVCache(1, 16, BS, 1, 2, torch.float32), caching=caching)
+    kv = KVCache(1, 16, BS, 1, 2, torch.float32)
+    manager = KVCacheManager(cache, kv) if caching else NoPrefixCacheManager(cache, kv)
     request = Request("r", None, list(range(10, 20)), SamplingParams(n=2), NS)
     first, sibling = _seq(request, 0), _seq(request, 1)
     _admit(manager, first)
