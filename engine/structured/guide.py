@@ -43,7 +43,10 @@ class Guide:
         if self._filler is None:
             self._filler = MaskFiller(self.vocab_size)
         masks = self._filler.fill(index, [rows[i].matcher for i in index])
-        dead_at = masks.dead_rows()
+        # an errored matcher's mask allows EOS alone: that would read as a clean stop
+        dead_at = sorted(
+            {*masks.dead_rows(), *(j for j, i in enumerate(index) if rows[i].matcher.error)}
+        )
         if not dead_at:
             return rows, logits, masks, []
         dead = [rows[index[j]] for j in dead_at]
