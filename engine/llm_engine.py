@@ -67,6 +67,7 @@ class LLMEngine:
             self.tiers.close()
         if self.kv_events is not None:
             self.kv_events.close()
+        self.guide.close()
 
     # --- requests ---
     def namespace_for(self, cache_salt: str = "") -> Namespace:
@@ -123,7 +124,11 @@ class LLMEngine:
         if not batch.seqs:
             return self._unblock()
         stats = self._batch_stats(batch)
-        result = self.runner.execute(batch)
+        self.guide.start(batch)  # constrained rows' masks fill while the forward runs
+        try:
+            result = self.runner.execute(batch)
+        finally:
+            self.guide.join()  # before forks copy a matcher or a token advances one
         self._commit(batch)
         rows, logits = self._sampling_rows(batch, result)
         t1 = time.perf_counter()
