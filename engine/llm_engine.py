@@ -51,7 +51,7 @@ class LLMEngine:
         self.sampler = parts.sampler
         self.stop = StopChecker(set(self.tokenizer.eos_token_ids), self.max_model_len)
         self.grammars = GrammarCompiler(
-            self.tokenizer.backend.to_str(),
+            self.tokenizer.backend.to_str,  # read on the first constraint only
             parts.model.config.vocab_size,
             list(self.tokenizer.eos_token_ids),
         )

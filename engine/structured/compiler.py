@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -116,7 +117,11 @@ class GrammarCompiler:
     """The compile cache: at most `capacity` compiled grammars, least recently used out first."""
 
     def __init__(
-        self, tokenizer_json: str, vocab_size: int, eos_token_ids: list[int], capacity: int = 256
+        self,
+        tokenizer_json: str | Callable[[], str],  # tokenizer.json's text, or how to get it
+        vocab_size: int,
+        eos_token_ids: list[int],
+        capacity: int = 256,
     ) -> None:
         self._tokenizer_json = tokenizer_json
         self.vocab_size = vocab_size
@@ -132,8 +137,11 @@ class GrammarCompiler:
     def tokenizer(self) -> llg.LLTokenizer:
         with self._lock:  # built once (~0.2 s for 49k tokens), on first use
             if self._tokenizer is None:
+                text = self._tokenizer_json
                 self._tokenizer = llg.LLTokenizer(
-                    self._tokenizer_json, n_vocab=self.vocab_size, eos_token=self.eos_token_ids
+                    text if isinstance(text, str) else text(),
+                    n_vocab=self.vocab_size,
+                    eos_token=self.eos_token_ids,
                 )
             return self._tokenizer
 

@@ -227,3 +227,20 @@ def test_prepare_constraints_compiles_once_off_the_engine_thread(tiny_llama):
         engine.check_integrity()
     finally:
         engine.shutdown()
+
+
+def test_the_compile_cache_compiles_a_spec_once_across_threads_and_evicts_lru(tiny_llama):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.structured.compiler import GrammarCompiler
+
+    text = (tiny_llama / "tokenizer.json").read_text()
+    grammars = GrammarCompiler(text, 320, [EOS_ID], capacity=2)
+    with ThreadPoolExecutor(8) as pool:
+        compiled = list(pool.map(lambda _: grammars.compile(ENUM), range(8)))
+    assert all(c is compiled[0] for c in compiled)
+    assert (grammars.misses, grammars.hits) == (1, 7)
+    grammars.compile(Regex("a+"))
+    grammars.compile(Choice(("x",)))  # capacity 2: ENUM, the least recently used, goes
+    assert len(grammars) == 2
+    assert grammars.compile(ENUM) is not compiled[0] and grammars.misses == 4
