@@ -28,7 +28,7 @@ from api.responses import (
     sse,
     usage_of,
 )
-from api.tool_stream import ToolStream, call_deltas
+from api.tool_stream import ToolStream
 from engine.outputs import CompletionDelta, RequestOutput, RequestResult
 
 if TYPE_CHECKING:
@@ -140,7 +140,6 @@ async def chat_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator[str]:
     def with_tools(d: CompletionDelta, parser: Any) -> list[list[ChatChunkChoice]]:
         split = splits.setdefault(d.index, ToolStream(parser, plan.parallel))
         content, calls = split.feed(d.text, final=d.finished)
-        first = len(split.calls) - len(calls)
         chunks = []
         if content or (ctx.per_token and d.token_ids):
             lp = chat_logprobs(tokenizer, d) if ctx.logprobs else None
@@ -152,9 +151,8 @@ async def chat_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator[str]:
                     )
                 ]
             )
-        for i, call in enumerate(calls):
-            for part in call_deltas(first + i, call):
-                chunks.append([ChatChunkChoice(index=d.index, delta=Delta(tool_calls=[part]))])
+        for part in calls:
+            chunks.append([ChatChunkChoice(index=d.index, delta=Delta(tool_calls=[part]))])
         if d.finished:
             reason = finish_reason(d.finish_reason, bool(split.calls))
             chunks.append([ChatChunkChoice(index=d.index, delta=Delta(), finish_reason=reason)])

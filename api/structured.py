@@ -86,7 +86,7 @@ def logit_bias_of(
 ) -> tuple[tuple[int, float], ...]:
     pairs = []
     for key, bias in (req.logit_bias or {}).items():
-        if not key.isdigit() or int(key) >= vocab_size:
+        if not (key.isascii() and key.isdigit()) or int(key) >= vocab_size:
             raise ApiError(
                 400,
                 f"logit_bias key {key!r} is not a token id in [0, {vocab_size})",

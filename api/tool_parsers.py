@@ -65,27 +65,58 @@ class MarkerParser:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class CallProgress:
+    """A call as far as it is written: its name, the arguments text safe to hand out so far (all
+    of it, exactly as the model wrote it, once `closed`)."""
+
+    name: str
+    arguments: str
+    closed: bool
+
+
 class HermesParser(MarkerParser):
+    """<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, streamed as it is written:
+    the name once it is complete, then the arguments text (less a tail of `}` and blanks that
+    may still close the call) as it grows."""
+
     name = "hermes"
     marker = "<tool_call>"
-    _closed = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-    _open = re.compile(r"<tool_call>\s*(.*?)\s*$", re.DOTALL)
+    _head = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
 
     def parse(self, region: str, final: bool) -> list[ParsedCall]:
-        bodies = self._closed.findall(region)
-        end = region.rfind("</tool_call>")
-        tail = region if end < 0 else region[end + len("</tool_call>") :]
-        if final and (last := self._open.search(tail)):
-            bodies.append(last.group(1))
+        return [ParsedCall(p.name, p.arguments) for p in self.progress(region, final) if p.closed]
+
+    def progress(self, region: str, final: bool) -> list[CallProgress]:
         calls = []
-        for body in bodies:  # a body that is no call is dropped (closed calls only ever grow)
-            try:
-                call = _call_of(json.loads(body))
-            except json.JSONDecodeError:
-                call = None
-            if call is not None:
+        for part in region.split(self.marker)[1:]:
+            closed = final or "</tool_call>" in part
+            body = part.split("</tool_call>")[0]
+            head = self._head.match(body)
+            if not closed:
+                if head is not None:  # an open call is the last one
+                    tail = body[head.end() :]
+                    tail = tail[: len(tail) - _partial_suffix(tail, "</tool_call>")]
+                    calls.append(CallProgress(head.group(1), tail.rstrip("} \t\r\n"), False))
+                break
+            call = _closed_call(body, head)
+            if call is not None:  # a body that is no call is dropped
                 calls.append(call)
         return calls
+
+
+def _closed_call(body: str, head: re.Match[str] | None) -> CallProgress | None:
+    if head is not None:  # the arguments exactly as written
+        try:
+            _, end = json.JSONDecoder().raw_decode(body, head.end())
+        except json.JSONDecodeError:
+            return None
+        return CallProgress(head.group(1), body[head.end() : end], True)
+    try:  # another key order, or "parameters": read whole
+        call = _call_of(json.loads(body))
+    except json.JSONDecodeError:
+        return None
+    return None if call is None else CallProgress(call.name, call.arguments, True)
 
 
 class Qwen3CoderParser(MarkerParser):

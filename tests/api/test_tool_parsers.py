@@ -51,12 +51,32 @@ def test_each_format_parses_its_calls_whole_and_streamed(fmt: str) -> None:
     ]
     assert (whole_content or "") == content
     # streamed a character at a time: the same content, the same calls, no marker shown
-    stream, streamed, got = ToolStream(parser), "", []
+    stream, streamed, got = ToolStream(parser), "", {}
     for i, ch in enumerate(text):
-        piece, new = stream.feed(ch, final=i == len(text) - 1)
+        piece, events = stream.feed(ch, final=i == len(text) - 1)
         streamed += piece
-        got += new
-    assert streamed == content and got == EXPECTED
+        for e in events:
+            if e.id is not None:
+                assert e.function.arguments == "" and e.index == len(got)
+                got[e.index] = ParsedCall(e.function.name, "")
+            else:
+                call = got[e.index]
+                got[e.index] = ParsedCall(call.name, call.arguments + e.function.arguments)
+    assert streamed == content and list(got.values()) == EXPECTED == stream.calls
+
+
+def test_hermes_streams_the_arguments_as_they_are_written() -> None:
+    stream = ToolStream(PARSERS["hermes"]())
+    _, events = stream.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
+    assert [(e.id is not None, e.function.name, e.function.arguments) for e in events] == [
+        (True, "get_weather", ""),
+        (False, None, '{"city": "Pa'),
+    ]
+    _, events = stream.feed('ris"}}\n</tool')
+    assert [e.function.arguments for e in events] == ['ris"']  # "}}" may still close it
+    _, events = stream.feed("_call>", final=True)
+    assert [e.function.arguments for e in events] == ["}"]
+    assert stream.calls == [ParsedCall("get_weather", '{"city": "Paris"}')]
 
 
 def test_a_region_that_holds_no_call_is_content() -> None:
