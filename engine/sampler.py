@@ -4,7 +4,7 @@ per-row seeds, logprobs.
 Every transform runs on the whole [S, vocab] batch; the only per-row Python is drawing the uniform
 of rows that carry their own torch.Generator (a generator cannot be shared across rows).
 
-Order: logit_bias, then the grammar masks (one masked_fill over the constrained rows), then the
+Order: logit_bias, then the grammar masks (one torch.where over the batch), then the
 logprobs are taken, then penalties, temperature, top-k/top-p/min-p and the draw (or argmax). So a
 constrained row's logprobs are those of the constrained distribution: the model's, biased, with
 every disallowed token at -inf, renormalised over the allowed ones (before penalties and

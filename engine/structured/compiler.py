@@ -32,6 +32,10 @@ from engine.structured.constraints import (
     TaggedJson,
 )
 
+# a repeated TaggedJson (parallel tool calls) ends after this many: a small model, greedy, repeats
+# its call until max_tokens otherwise, and the last one comes out cut (invalid)
+MAX_TAGGED_REPEATS = 8
+
 # compact separators, no free whitespace: a JSON output is never padded with "\n\n\n..."
 JSON_OPTIONS: dict[str, Any] = {
     "whitespace_flexible": False,
@@ -109,7 +113,8 @@ def _tagged_lark(c: TaggedJson) -> str:
         schema = {} if schema else {"not": {}}
     schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_OPTIONS}}
     call = f"{_lark_str(c.begin)} value {_lark_str(c.end)}"
-    start = f"call ({_lark_str(c.separator)} call)*" if c.repeat else "call"
+    more = f"({_lark_str(c.separator)} call){{0,{MAX_TAGGED_REPEATS - 1}}}"
+    start = f"call {more}" if c.repeat else "call"
     return f"start: {start}\ncall: {call}\nvalue: %json {json.dumps(schema)}\n"
 
 

@@ -244,3 +244,15 @@ def test_the_compile_cache_compiles_a_spec_once_across_threads_and_evicts_lru(ti
     grammars.compile(Choice(("x",)))  # capacity 2: ENUM, the least recently used, goes
     assert len(grammars) == 2
     assert grammars.compile(ENUM) is not compiled[0] and grammars.misses == 4
+
+
+def test_repeated_tagged_json_ends_after_its_cap(make_llm):
+    from engine.structured.compiler import MAX_TAGGED_REPEATS
+
+    llm = make_llm(num_blocks=512)
+    tagged = TaggedJson("<c>", ENUM.schema, "</c>", repeat=True, separator=",")
+    out = llm.generate([PROMPTS[0]], greedy(constraint=tagged, max_tokens=600))[0].outputs[0]
+    assert out.finish_reason == "stop"  # never cut off inside a call by max_tokens
+    calls = out.text.split(",")
+    assert 1 <= len(calls) <= MAX_TAGGED_REPEATS
+    assert all(json.loads(c.removeprefix("<c>").removesuffix("</c>"))["k"] for c in calls)
