@@ -94,13 +94,21 @@ def closed(schema: Any) -> Any:
         return [closed(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {
-        k: closed(v) if k not in ("const", "enum", "default", "examples") else v
-        for k, v in schema.items()
-    }
-    if "properties" in out and "additionalProperties" not in out:
+    out = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: closed(s) for name, s in value.items()}
+        elif key in _LITERALS:
+            out[key] = value
+        else:
+            out[key] = closed(value)
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
         out["additionalProperties"] = False
     return out
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_LITERALS = ("const", "enum", "default", "examples", "required")
 
 
 def _lark_str(text: str) -> str:
