@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
@@ -14,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 
 from api import routes_cache, routes_history, routes_openai, routes_tokenize
 from api.body_limit import BodyLimitMiddleware
+from api.chat_template import ChatTemplates
 from api.config import ApiConfig
 from api.dashboard import routes as routes_dashboard
 from api.docs import docs_router
@@ -67,6 +69,7 @@ def create_app(
             metrics=metrics,
             history=StatsHistory(api_config.stats_history_s, api_config.stats_interval_s),
             flops_per_token=2.0 * engine.num_parameters,
+            templates=ChatTemplates.from_folder(Path(engine_config.model)),
         )
         metrics.watch_engine(state.counters, state.tokens_per_s)
         publisher = engine.kv_events

@@ -62,7 +62,21 @@ def _is_field(part: object) -> bool:
     return text != "body" and text not in _TYPE_TAGS and not any(c in text for c in "[-")
 
 
+def _field_path(error: dict) -> str:
+    return ".".join(str(p) for p in error.get("loc", ()) if _is_field(p))
+
+
 def _describe(errors: list) -> tuple[str, str | None]:
+    unknown = list(
+        dict.fromkeys(_field_path(e) for e in errors if e.get("type") == "extra_forbidden")
+    )
+    if unknown:  # a field we would not honour: named, never silently dropped
+        names = ", ".join(f"'{n}'" for n in unknown)
+        return (
+            f"Unrecognized request argument supplied: {names} (this server does not honour "
+            "it; the request schema is at /openapi.json)",
+            unknown[0],
+        )
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ()) if _is_field(p)]
     param = ".".join(loc) or None

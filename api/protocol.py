@@ -1,19 +1,37 @@
 """OpenAI-compatible request and response models (the subset radixcache serves).
 
 Requests are parsed from raw JSON in strict mode: a number sent as a string is a 400, as in OpenAI.
-Ranges the model cannot check alone (context window, max_tokens ceiling): validation.py.
+They are closed: a field we receive and do not honour is a 400 naming it, never a silent 200. The
+allow-list of harmless fields accepted and ignored: `user`, `store`, `metadata` (OpenAI-side
+bookkeeping), `service_tier` (a billing tier: one server has one) and `refusal` in an assistant
+message (what the client echoes back of our own answer). Tools and output formats:
+protocol_tools.py. Ranges the model cannot check alone (context window, max_tokens ceiling):
+validation.py.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from api.chat_template import ChatPrompt
+from api.protocol_tools import (
+    DeltaToolCall,
+    MessageToolCall,
+    ResponseFormat,
+    StructuredOutputs,
+    ToolCall,
+    ToolChoice,
+    Tools,
+)
+
 MAX_N = 16
 MAX_STOP = 16
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 
 
 def _integral(value: Any) -> Any:
@@ -29,7 +47,7 @@ TokenId = Annotated[Int, Field(ge=0)]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class StreamOptions(_Request):
@@ -54,8 +72,21 @@ class _SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: str | None = Field(None, max_length=256)
-    user: str | None = None
+    user: str | None = None  # allow-listed: accepted, ignored
+    store: bool | None = None  # allow-listed: accepted, ignored (nothing is stored)
+    metadata: dict[str, str] | None = None  # allow-listed: accepted, ignored
+    service_tier: str | None = None  # allow-listed: accepted, ignored
     return_token_ids: bool = False  # extension (as in vLLM): token ids in the choices
+    # token id (as a string) -> bias added to its logit before anything else, as OpenAI
+    logit_bias: (
+        Annotated[
+            dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]],
+            Field(max_length=MAX_LOGIT_BIAS),
+        ]
+        | None
+    ) = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None  # extension (as in vLLM)
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -99,6 +130,9 @@ class ChatMessage(_Request):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call this result answers
+    refusal: str | None = None  # allow-listed: accepted, ignored
 
     def text(self) -> str:
         if self.content is None:
@@ -114,8 +148,51 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: Int | None = Field(None, ge=0, le=20)
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None  # default: "auto" with tools, else "none"
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables (as vLLM)
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        return [template_message(m) for m in self.messages]
+
+    def chat_prompt(self) -> ChatPrompt:
+        """What the chat template renders (the same for the server and the router)."""
+        tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+        return ChatPrompt(self.chat_messages(), tools, dict(self.chat_template_kwargs or {}))
+
+
+def _template_arguments(text: str) -> Any:
+    """Templates want a call's arguments as an object (vLLM and transformers hand them so)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def template_message(m: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates read it: content text ("" when absent, except an assistant
+    message of calls only, where it stays None), and its calls or the call it answers."""
+    out: dict[str, Any] = {"role": m.role}
+    out["content"] = None if m.content is None and m.tool_calls else m.text()
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": c.type,
+                "function": {
+                    "name": c.function.name,
+                    "arguments": _template_arguments(c.function.arguments),
+                },
+            }
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.role == "tool" and m.name is not None:
+        out["name"] = m.name
+    return out
 
 
 class LookupRequest(_Request):
@@ -195,6 +272,7 @@ class ChatLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None  # left out when there are none
 
 
 class ChatChoice(BaseModel):
@@ -218,6 +296,7 @@ class ChatCompletionResponse(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None  # left out when there are none
 
 
 class ChatChunkChoice(BaseModel):
@@ -271,4 +350,20 @@ def dump(model: BaseModel) -> dict[str, Any]:
         for key in _EXTENSIONS:
             if choice.get(key) is None:
                 choice.pop(key, None)
+        for key in ("message", "delta"):
+            if key in choice:
+                _drop_empty_calls(choice[key])
     return data
+
+
+def _drop_empty_calls(message: dict[str, Any]) -> None:
+    calls = message.get("tool_calls")
+    if calls is None:
+        message.pop("tool_calls", None)
+        return
+    for call in calls:  # a streamed call's later deltas carry only index and arguments
+        for k in [k for k, v in call.items() if v is None]:
+            del call[k]
+        fn = call.get("function") or {}
+        for k in [k for k, v in fn.items() if v is None]:
+            del fn[k]

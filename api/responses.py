@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from api.errors import ApiError
 from api.protocol import (
     ChatLogprobs,
     CompletionLogprobs,
@@ -20,8 +21,20 @@ Sample = CompletionDelta | Completion  # what carries token ids and logprobs
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop"}
 
 
-def finish_reason(raw: str | None) -> str | None:
-    return None if raw is None else FINISH_REASONS.get(raw, raw)
+def finish_reason(raw: str | None, called_tools: bool = False) -> str | None:
+    """OpenAI's finish reason; a stop after tool calls is "tool_calls"."""
+    if raw is None:
+        return None
+    reason = FINISH_REASONS.get(raw, raw)
+    return "tool_calls" if called_tools and reason == "stop" else reason
+
+
+def raise_if_failed(sample: Sample) -> None:
+    """A sample the engine ended with an error (its grammar rejected a token): the request fails
+    with that message, as a JSON error (whole) or an SSE error event (streamed)."""
+    if sample.finish_reason == "error":
+        message = getattr(sample, "error", None) or "the output constraint failed"
+        raise ApiError(422, f"Generation failed: {message}", code="generation_error")
 
 
 def usage_of(finals: list[RequestResult]) -> Usage:

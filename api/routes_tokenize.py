@@ -11,8 +11,10 @@ from fastapi import APIRouter, Request
 from pydantic import Field, RootModel
 
 from api.auth import identify
+from api.chat_template import ChatPrompt, ChatTemplates, TemplateError
 from api.errors import ApiError, parse_body
-from api.protocol import ChatMessage, _Request
+from api.protocol import ChatMessage, _Request, template_message
+from api.protocol_tools import Tools
 from api.state import ServerState, state_of
 from api.validation import check_model, check_token_ids
 
@@ -34,6 +36,8 @@ class TokenizeChatRequest(_Request):
     add_special_tokens: bool = False
     return_token_strs: bool | None = False
     chat_template: str | None = None
+    tools: Tools | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class TokenizeRequest(RootModel[TokenizeCompletionRequest | TokenizeChatRequest]):
@@ -45,7 +49,7 @@ class DetokenizeRequest(_Request):
     tokens: list[Annotated[int, Field(ge=0)]] = Field(max_length=1 << 20)
 
 
-def _chat_text(tok: Any, req: TokenizeChatRequest) -> str:
+def _chat_text(templates: ChatTemplates, req: TokenizeChatRequest) -> str:
     if req.continue_final_message and req.add_generation_prompt:
         raise ApiError(
             400,
@@ -58,11 +62,13 @@ def _chat_text(tok: Any, req: TokenizeChatRequest) -> str:
         )
     if not req.messages:
         raise ApiError(400, "The messages are empty", param="messages")
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    messages = [template_message(m) for m in req.messages]
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    prompt = ChatPrompt(messages, tools, dict(req.chat_template_kwargs or {}))
     try:
-        text = tok.render_chat(messages, add_generation_prompt=req.add_generation_prompt)
-    except Exception as exc:
-        raise ApiError(400, f"Cannot apply the chat template: {exc}", param="messages") from exc
+        text = templates.render(prompt, add_generation_prompt=req.add_generation_prompt)
+    except TemplateError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from exc
     if req.continue_final_message:  # cut what the template adds after the last message
         last = messages[-1]["content"]
         end = text.rfind(last) if last else -1
@@ -81,7 +87,7 @@ def _tokenize(state: ServerState, body: bytes) -> dict[str, Any]:
     tok = state.engine.tokenizer
     if is_chat:
         req = parse_body(body, TokenizeChatRequest)
-        text, special = _chat_text(tok, req), req.add_special_tokens
+        text, special = _chat_text(state.templates, req), req.add_special_tokens
     else:
         req = parse_body(body, TokenizeCompletionRequest)
         text, special = req.prompt, req.add_special_tokens

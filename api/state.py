@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import Request
 
+from api.chat_template import ChatTemplates
 from api.config import ApiConfig
 from api.engine_stats import CacheCounters, EngineCounters, read_counters
 from api.errors import ApiError
@@ -27,6 +28,7 @@ class ServerState:
     history: StatsHistory[ServerCounters]
     started_at: float = field(default_factory=time.time)
     flops_per_token: float = 0.0  # ~2 x parameters: compute a cached prompt token saves
+    templates: ChatTemplates = field(default_factory=lambda: ChatTemplates(None))
 
     @property
     def model_name(self) -> str:

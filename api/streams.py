@@ -24,12 +24,15 @@ from api.responses import (
     chat_logprobs,
     completion_logprobs,
     finish_reason,
+    raise_if_failed,
     sse,
     usage_of,
 )
+from api.tool_stream import ToolStream
 from engine.outputs import CompletionDelta, RequestOutput, RequestResult
 
 if TYPE_CHECKING:
+    from api.structured import ToolPlan
     from engine.async_engine import RequestStream
 
 
@@ -65,6 +68,7 @@ class StreamContext:
     logprobs: bool
     token_ids: bool = False  # extension: send each chunk's new token ids
     echo: list[str] | None = None  # completions: per-job prompt text to send first
+    tools: ToolPlan | None = None  # chat with tools: how calls are read out of the text
 
     @property
     def per_token(self) -> bool:
@@ -96,14 +100,14 @@ def _has_news(ctx: StreamContext, delta: CompletionDelta) -> bool:
 async def _delta_events(
     ctx: StreamContext,
     chunk: Callable[..., str],
-    choices_of: Callable[[int, RequestOutput], list[Any]],
+    chunks_of: Callable[[int, RequestOutput], list[list[Any]]],
 ) -> AsyncIterator[str]:
-    """Runs the jobs: a chunk per output with news, then usage (if asked) and `[DONE]`."""
+    """Runs the jobs: chunks for each output with news (each a list of choices), then usage (if
+    asked) and `[DONE]`."""
     finals: list[RequestResult] = []
     try:
         async for job, out in _outputs(ctx, finals):
-            choices = choices_of(job, out)
-            if choices:
+            for choices in chunks_of(job, out):
                 yield chunk(choices)
     except Exception as exc:
         yield _error_event(exc)
@@ -120,18 +124,49 @@ async def chat_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator[str]:
         )
         return sse(dump(body))
 
-    def choices_of(_job: int, out: RequestOutput) -> list[ChatChunkChoice]:
-        return [
-            ChatChunkChoice(
-                index=d.index,
-                delta=Delta(content=d.text),
-                logprobs=chat_logprobs(tokenizer, d) if ctx.logprobs else None,
-                finish_reason=finish_reason(d.finish_reason),
-                token_ids=d.token_ids if ctx.token_ids else None,
+    plan = ctx.tools
+    splits: dict[int, ToolStream] = {}
+
+    def plain(d: CompletionDelta) -> list[list[ChatChunkChoice]]:
+        choice = ChatChunkChoice(
+            index=d.index,
+            delta=Delta(content=d.text),
+            logprobs=chat_logprobs(tokenizer, d) if ctx.logprobs else None,
+            finish_reason=finish_reason(d.finish_reason),
+            token_ids=d.token_ids if ctx.token_ids else None,
+        )
+        return [[choice]]
+
+    def with_tools(d: CompletionDelta, parser: Any) -> list[list[ChatChunkChoice]]:
+        split = splits.setdefault(d.index, ToolStream(parser, plan.parallel))
+        content, calls = split.feed(d.text, final=d.finished)
+        chunks = []
+        if content or (ctx.per_token and d.token_ids):
+            lp = chat_logprobs(tokenizer, d) if ctx.logprobs else None
+            ids = d.token_ids if ctx.token_ids else None
+            chunks.append(
+                [
+                    ChatChunkChoice(
+                        index=d.index, delta=Delta(content=content), logprobs=lp, token_ids=ids
+                    )
+                ]
             )
-            for d in out.outputs
-            if _has_news(ctx, d)
-        ]
+        for part in calls:
+            chunks.append([ChatChunkChoice(index=d.index, delta=Delta(tool_calls=[part]))])
+        if d.finished:
+            reason = finish_reason(d.finish_reason, bool(split.calls))
+            chunks.append([ChatChunkChoice(index=d.index, delta=Delta(), finish_reason=reason)])
+        return chunks
+
+    def choices_of(_job: int, out: RequestOutput) -> list[list[ChatChunkChoice]]:
+        chunks: list[list[ChatChunkChoice]] = []
+        for d in out.outputs:
+            raise_if_failed(d)
+            if plan is not None and plan.parser is not None:
+                chunks += with_tools(d, plan.parser)
+            elif _has_news(ctx, d):
+                chunks += plain(d)
+        return chunks
 
     yield chunk(
         [ChatChunkChoice(index=i, delta=Delta(role="assistant", content="")) for i in range(ctx.n)]
@@ -150,9 +185,10 @@ async def completion_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator
 
     text_sent: dict[int, int] = {}  # characters sent per choice (logprob text offsets)
 
-    def choices_of(job: int, out: RequestOutput) -> list[CompletionChoice]:
+    def choices_of(job: int, out: RequestOutput) -> list[list[CompletionChoice]]:
         choices = []
         for d in out.outputs:
+            raise_if_failed(d)
             if not _has_news(ctx, d):
                 continue
             key = job * ctx.n + d.index
@@ -168,7 +204,7 @@ async def completion_events(ctx: StreamContext, tokenizer: Any) -> AsyncIterator
                     token_ids=d.token_ids if ctx.token_ids else None,
                 )
             )
-        return choices
+        return [choices] if choices else []
 
     if ctx.echo is not None:
         yield chunk(

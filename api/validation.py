@@ -8,6 +8,17 @@ from typing import Any
 from api.errors import ApiError
 from api.protocol import ChatCompletionRequest, CompletionRequest
 from engine.sampling import SamplingParams
+from engine.structured.constraints import Constraint, ConstraintError
+
+
+async def prepare_constraint(engine: Any, constraint: Constraint | None, param: str) -> None:
+    """Compiles the request's grammar before any stream opens: a bad schema is a 400 here."""
+    if constraint is None:
+        return
+    try:
+        await engine.prepare_constraints([constraint])
+    except ConstraintError as exc:
+        raise ApiError(400, str(exc), param=param, code="invalid_schema") from exc
 
 
 def check_model(requested: str, served: list[str]) -> None:
@@ -68,7 +79,12 @@ def resolve_max_tokens(
 
 
 def to_sampling_params(
-    req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None
+    req: CompletionRequest | ChatCompletionRequest,
+    max_tokens: int,
+    logprobs: int | None,
+    constraint: Constraint | None = None,
+    logit_bias: tuple[tuple[int, float], ...] = (),
+    skip_special_tokens: bool = True,
 ) -> SamplingParams:
     try:
         return SamplingParams(
@@ -86,6 +102,9 @@ def to_sampling_params(
             stop_token_ids=tuple(req.stop_token_ids or ()),
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
+            constraint=constraint,
+            logit_bias=logit_bias,
+            skip_special_tokens=skip_special_tokens,
         )
     except ValueError as exc:  # the engine's own checks (e.g. an empty stop string)
         raise ApiError(400, str(exc), code="invalid_value") from exc

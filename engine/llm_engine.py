@@ -54,7 +54,7 @@ class LLMEngine:
         self.sampler = parts.sampler
         self.stop = StopChecker(set(self.tokenizer.eos_token_ids), self.max_model_len)
         self.grammars = GrammarCompiler(
-            self.tokenizer.backend.to_str(),
+            self.tokenizer.backend.to_str,  # read on the first constraint only
             parts.model.config.vocab_size,
             list(self.tokenizer.eos_token_ids),
         )
@@ -71,6 +71,7 @@ class LLMEngine:
             self.tiers.close()
         if self.kv_events is not None:
             self.kv_events.close()
+        self.guide.close()
 
     # --- requests ---
     def namespace_for(self, cache_salt: str = "") -> Namespace:
@@ -133,7 +134,11 @@ class LLMEngine:
                 return []
             return self._unblock()
         stats = self._batch_stats(batch)
-        result = self.runner.execute(batch)
+        self.guide.start(batch)  # constrained rows' masks fill while the forward runs
+        try:
+            result = self.runner.execute(batch)
+        finally:
+            self.guide.join()  # before forks copy a matcher or a token advances one
         self._commit(batch)
         rows, logits = self._sampling_rows(batch, result)
         t1 = time.perf_counter()

@@ -4,8 +4,14 @@ Layout: <root>/<namespace hex>/<first 2 hex of hash>/<block hash hex>.kv (256-wa
 namespace). A write goes to a temp file in the same folder and is renamed into place, so a reader
 never sees half a value under the final name. At start the index is rebuilt from the folder (stat
 only; LRU order = modification time); a value is verified (header + xxh64) when it is read, and a
-damaged one is deleted and counted. When the disk is full (ENOSPC / EDQUOT / EFBIG) writes stop for
-`full_cooldown_s`; reads keep working.
+damaged one is deleted and counted.
+
+A full filesystem (ENOSPC / EDQUOT) caps the budget at the bytes the tier held when it filled up:
+the least recently used files make room and the write is tried once more, so the tier keeps
+turning over within the space it has (a budget larger than the disk, or a disk others fill). The
+cap lifts after `full_cooldown_s`, to grow again where space was freed. When that does not help
+(nothing of ours to drop, or EFBIG: a file-size limit) writes stop for `full_cooldown_s`; reads
+keep working throughout.
 
 Crash safety: a SIGKILL leaves at most `.tmp` files (deleted at the next start) and never a
 half-written value under a final name; a machine crash can leave a renamed file whose bytes never
@@ -36,6 +42,7 @@ if TYPE_CHECKING:
 
 SUFFIX = ".kv"
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}  # dropping files of ours frees room
 
 
 def _is_hex(name: str, length: int) -> bool:
@@ -64,6 +71,8 @@ class DiskTier:
         self.full_cooldown_s = full_cooldown_s
         self.stats = TierStats()
         self.writes_stopped_until = float("-inf")
+        self.space_limit_bytes: float = float("inf")  # the filesystem's cap (see above)
+        self.space_limit_until = float("-inf")
         self._clock = clock
         self._lock = threading.Lock()
         self._index: OrderedDict[tuple[str, int], int] = (
@@ -151,17 +160,16 @@ class DiskTier:
         path = self._path(nsx, h)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            if path.parent not in self._dirs:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                self._dirs.add(path.parent)
-            with open(tmp, "wb") as f:
-                f.write(value)
-                if self.fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
+            self._write_tmp(tmp, value)
         except OSError as e:
-            self._write_failed(e, tmp)
-            return
+            if e.errno not in _NO_SPACE_ERRNOS or not self._cap_at_full(tmp, len(value)):
+                self._write_failed(e, tmp)
+                return
+            try:  # room made by dropping LRU files: once more
+                self._write_tmp(tmp, value)
+            except OSError as again:
+                self._write_failed(again, tmp)
+                return
         with self._lock:
             evicted = self._make_room(len(value))
             os.replace(tmp, path)
@@ -172,6 +180,36 @@ class DiskTier:
         self.stats.bytes_written += len(value)
         self.stats.blocks_written += 1
         self._spill(evicted)
+
+    def _write_tmp(self, tmp: Path, value: bytes) -> None:
+        if tmp.parent not in self._dirs:
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            self._dirs.add(tmp.parent)
+        with open(tmp, "wb") as f:
+            f.write(value)
+            if self.fsync:
+                f.flush()
+                os.fsync(f.fileno())
+
+    def _cap_at_full(self, tmp: Path, size: int) -> bool:
+        """The filesystem is full: cap the budget at what the tier holds and drop LRU files until
+        `size` more bytes fit under it. False if the tier holds nothing to drop."""
+        with self._lock:
+            if not self._index:
+                return False
+            self.space_limit_bytes = self._used
+            self.space_limit_until = self._clock() + self.full_cooldown_s
+            evicted = self._make_room(size)
+        self.stats.errors += 1
+        tmp.unlink(missing_ok=True)
+        self._spill(evicted)
+        return True
+
+    def _limit(self) -> float:
+        """Under the lock: the byte budget, or the filesystem's cap while it holds."""
+        if self._clock() >= self.space_limit_until:
+            self.space_limit_bytes = float("inf")
+        return min(self.capacity_bytes, self.space_limit_bytes)
 
     def _sync_dir(self, folder: Path) -> None:
         """Makes the rename itself durable (POSIX: the entry lives in the folder's data)."""
@@ -194,7 +232,8 @@ class DiskTier:
     def _make_room(self, size: int) -> list[tuple[str, int, bytes]]:
         """Under the lock: drop LRU files until `size` more bytes fit; returns what to spill."""
         evicted = []
-        while self._used + size > self.capacity_bytes and self._index:
+        limit = self._limit()
+        while self._used + size > limit and self._index:
             key = next(iter(self._index))
             if self.spill_down is not None and key[0] in self._namespaces:
                 with contextlib.suppress(OSError):

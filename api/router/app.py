@@ -184,7 +184,7 @@ def _prompt_ids(state: RouterState, req: Any) -> PromptIds:
     tail = ""
     try:
         if isinstance(req, ChatCompletionRequest):
-            ids, tail = tok.chat_for_routing(req.chat_messages())
+            ids, tail = tok.chat_for_routing(req.chat_prompt())
         else:
             prompts = req.prompts()
             first = prompts[0] if prompts else ""

@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,10 @@ from engine.structured.constraints import (
     Regex,
     TaggedJson,
 )
+
+# a repeated TaggedJson (parallel tool calls) ends after this many: a small model, greedy, repeats
+# its call until max_tokens otherwise, and the last one comes out cut (invalid)
+MAX_TAGGED_REPEATS = 8
 
 # compact separators, no free whitespace: a JSON output is never padded with "\n\n\n..."
 JSON_OPTIONS: dict[str, Any] = {
@@ -89,13 +94,21 @@ def closed(schema: Any) -> Any:
         return [closed(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {
-        k: closed(v) if k not in ("const", "enum", "default", "examples") else v
-        for k, v in schema.items()
-    }
-    if "properties" in out and "additionalProperties" not in out:
+    out = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: closed(s) for name, s in value.items()}
+        elif key in _LITERALS:
+            out[key] = value
+        else:
+            out[key] = closed(value)
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
         out["additionalProperties"] = False
     return out
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_LITERALS = ("const", "enum", "default", "examples", "required")
 
 
 def _lark_str(text: str) -> str:
@@ -108,7 +121,8 @@ def _tagged_lark(c: TaggedJson) -> str:
         schema = {} if schema else {"not": {}}
     schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_OPTIONS}}
     call = f"{_lark_str(c.begin)} value {_lark_str(c.end)}"
-    start = f"call ({_lark_str(c.separator)} call)*" if c.repeat else "call"
+    more = f"({_lark_str(c.separator)} call){{0,{MAX_TAGGED_REPEATS - 1}}}"
+    start = f"call {more}" if c.repeat else "call"
     return f"start: {start}\ncall: {call}\nvalue: %json {json.dumps(schema)}\n"
 
 
@@ -116,7 +130,11 @@ class GrammarCompiler:
     """The compile cache: at most `capacity` compiled grammars, least recently used out first."""
 
     def __init__(
-        self, tokenizer_json: str, vocab_size: int, eos_token_ids: list[int], capacity: int = 256
+        self,
+        tokenizer_json: str | Callable[[], str],  # tokenizer.json's text, or how to get it
+        vocab_size: int,
+        eos_token_ids: list[int],
+        capacity: int = 256,
     ) -> None:
         self._tokenizer_json = tokenizer_json
         self.vocab_size = vocab_size
@@ -132,8 +150,11 @@ class GrammarCompiler:
     def tokenizer(self) -> llg.LLTokenizer:
         with self._lock:  # built once (~0.2 s for 49k tokens), on first use
             if self._tokenizer is None:
+                text = self._tokenizer_json
                 self._tokenizer = llg.LLTokenizer(
-                    self._tokenizer_json, n_vocab=self.vocab_size, eos_token=self.eos_token_ids
+                    text if isinstance(text, str) else text(),
+                    n_vocab=self.vocab_size,
+                    eos_token=self.eos_token_ids,
                 )
             return self._tokenizer
 

@@ -19,9 +19,12 @@ class TokenMasks:
     rows: list[int]  # the sampler rows the masks apply to, in order
     bitmask: torch.Tensor  # [len(rows), words] int32
 
-    def allowed(self, vocab_size: int) -> torch.Tensor:
-        """[len(rows), vocab_size] bool: True where a token is allowed."""
-        bits = np.unpackbits(self.bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+    def banned(self, num_rows: int, vocab_size: int) -> torch.Tensor:
+        """[num_rows, vocab_size] bool over the whole batch: True where a token is disallowed
+        (rows without a mask ban nothing). Inverted as words, then unpacked once."""
+        words = np.zeros((num_rows, self.bitmask.shape[1]), dtype=np.int32)
+        words[self.rows] = ~self.bitmask.numpy()
+        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
         return torch.from_numpy(bits[:, :vocab_size]).view(torch.bool)
 
     def dead_rows(self) -> list[int]:

@@ -36,6 +36,16 @@ def auth_server(tiny_llama: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
+def default_server(default_model_path: Path) -> Iterator[Server]:
+    """The built-in default model (its ChatML template matters: tools, structured outputs), in
+    deterministic mode so a streamed answer and a whole one are the same tokens."""
+    cfg = engine_config(default_model_path, max_model_len=2048, deterministic=True)
+    handle = start_server(cfg, ApiConfig(max_queue=64), healthy_timeout_s=600)  # probes: slow
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="session")
 def offline(tiny_llama: Path) -> LLM:
     """The offline LLM API on the same model and settings: the reference for server outputs."""
     return LLM(str(tiny_llama), **ENGINE_SETTINGS)

@@ -68,7 +68,9 @@ def engine_config(model_dir: Path, **overrides: Any) -> EngineConfig:
     return EngineConfig(model=str(model_dir), **{**ENGINE_SETTINGS, **overrides})
 
 
-def start_server(engine_cfg: EngineConfig, api_cfg: ApiConfig) -> Server:
+def start_server(
+    engine_cfg: EngineConfig, api_cfg: ApiConfig, healthy_timeout_s: float = 120.0
+) -> Server:
     """Binds a free port first (no race), runs uvicorn in a thread, waits for /health."""
     app = create_app(engine_cfg, api_cfg)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -80,7 +82,7 @@ def start_server(engine_cfg: EngineConfig, api_cfg: ApiConfig) -> Server:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     handle = Server(f"http://127.0.0.1:{port}", app, server, thread)
-    wait_healthy(handle)
+    wait_healthy(handle, healthy_timeout_s)
     return handle
 
 
