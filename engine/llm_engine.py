@@ -138,7 +138,7 @@ class LLMEngine:
         try:
             result = self.runner.execute(batch)
         finally:
-            self.guide.join()  # before forks copy a matcher or a token advances one
+            self.guide.join()  # before a sampled token advances a matcher
         self._commit(batch)
         rows, logits = self._sampling_rows(batch, result)
         t1 = time.perf_counter()

@@ -5,8 +5,8 @@ The masks of a step depend only on the matchers, which change only when a sample
 so they are filled on a worker thread while the forward runs (`start`, before the forward;
 `join`, after it and before anything touches a matcher again): llguidance drops the GIL, and a
 step's fill (~130 µs a row inside a bounded JSON string) costs the step nothing where cores are
-free. Rows that sample without a mask filled early (n>1 children forked this step) are filled
-on the spot.
+free. A sampling row without an early mask (none in the engine's flow: n>1 samples are sibling
+sequences of the batch) would be filled on the spot.
 
 A row whose mask allows nothing, or whose matcher is in its error state (its mask would allow
 EOS alone, which would read as a clean stop), leaves the step before sampling and ends with

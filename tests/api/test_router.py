@@ -225,7 +225,7 @@ def replicas(tiny_llama: Path) -> Iterator[list[Server]]:
 
 
 def spec_of(server: Server) -> ReplicaSpec:
-    pub = server.engine.engine.kv_events
+    pub = server.engine.kv_events
     return ReplicaSpec(server.url, pub.endpoint, pub.replay_endpoint)
 
 

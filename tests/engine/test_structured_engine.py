@@ -11,6 +11,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
+from engine.kv.admin import CheckIntegrity
 from engine.llm import LLM
 from engine.request import Prompt
 from engine.sampler import apply_token_masks
@@ -224,7 +225,7 @@ def test_prepare_constraints_compiles_once_off_the_engine_thread(tiny_llama):
         assert json.loads(text)["k"] in ("v1", "v2", "v3")
         grammars = engine.engine.grammars
         assert len(grammars) == 2 and grammars.misses == 3 and grammars.hits >= 1
-        engine.check_integrity()
+        engine.admin(CheckIntegrity())
     finally:
         engine.shutdown()
 
