@@ -196,12 +196,19 @@ def template_message(m: ChatMessage) -> dict[str, Any]:
 
 
 class LookupRequest(_Request):
-    """Exactly one of `prompt` and `messages`."""
+    """Exactly one of `prompt` and `messages` (with the chat's tools: they are in its prompt)."""
 
     model: str | None = None
     prompt: str | TokenIds | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    tools: Tools | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     cache_salt: str | None = Field(None, max_length=256)
+
+    def chat_prompt(self) -> ChatPrompt:
+        tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+        messages = [template_message(m) for m in self.messages or ()]
+        return ChatPrompt(messages, tools, dict(self.chat_template_kwargs or {}))
 
 
 class PinRequest(LookupRequest):

@@ -12,9 +12,9 @@ from pydantic import Field
 
 from api.auth import Caller, identify, require_admin
 from api.cache_report import cache_report
-from api.chat_template import ChatPrompt, TemplateError
+from api.chat_template import TemplateError
 from api.errors import ApiError, parse_body
-from api.protocol import LookupRequest, _Request, template_message
+from api.protocol import LookupRequest, _Request
 from api.state import ServerState, state_of
 from api.validation import check_model, encode_prompt
 from engine.kv.admin import Flush, HottestPrefixes, Lookup, Pin, Unpin
@@ -37,9 +37,9 @@ def _prompt_ids(state: ServerState, req: LookupRequest) -> list[int]:
         return encode_prompt(tok, req.prompt)
     if not req.messages:
         raise ApiError(400, "The messages are empty", param="messages")
-    prompt = ChatPrompt([template_message(m) for m in req.messages])
     try:
-        return list(tok.encode(state.templates.render(prompt), add_special_tokens=False))
+        text = state.templates.render(req.chat_prompt())
+        return list(tok.encode(text, add_special_tokens=False))
     except TemplateError as exc:
         raise ApiError(400, str(exc), param=exc.param) from exc
 

@@ -56,29 +56,19 @@ def make_tools() -> list[dict[str, Any]]:
         for verb, text in VERBS:
             props: dict[str, Any] = {}
             if verb == "search":
-                props["query"] = {"type": "string", "maxLength": 40, "description": "free text"}
-                props["limit"] = {"type": "integer", "minimum": 1, "maximum": 50}
+                props["query"] = {"type": "string", "maxLength": 40}
                 props["sort"] = {"type": "string", "enum": ["newest", "oldest", "relevance"]}
                 required = ["query"]
             else:
-                props["id"] = {"type": "string", "maxLength": 16, "description": f"{one} id"}
+                props["id"] = {"type": "string", "maxLength": 16}
                 required = ["id"]
             if verb in ("create", "update"):
                 props["title"] = {"type": "string", "maxLength": 40}
-                props["tags"] = {
-                    "type": "array",
-                    "items": {"type": "string", "maxLength": 12},
-                    "maxItems": 3,
-                }
                 props["priority"] = {"type": "string", "enum": ["low", "normal", "high"]}
                 required = ["id", "title"] if verb == "update" else ["title"]
                 if verb == "create":
                     props.pop("id")
-            description = text.format(plural=plural, domain=domain, one=one)
-            description += (
-                f". Use it whenever the user asks about {plural}; it returns JSON with the "
-                f"matching {plural}, their identifiers, owners, timestamps and status fields."
-            )
+            description = text.format(plural=plural, domain=domain, one=one) + "."
             tools.append(
                 {
                     "type": "function",

@@ -285,6 +285,7 @@ def section_decode(engine: LLMEngine, steps: int, rounds: int) -> list[dict]:
     ]
     per: dict[int, list[float]] = {0: [], 8: [], 16: []}
     sample: dict[int, list[float]] = {0: [], 8: [], 16: []}
+    cpu: dict[int, list[float]] = {0: [], 8: [], 16: []}
     free = [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)] * 16
     decode_steps(engine, prompts, free, "warm")  # first steps pay one-time costs
     for r in range(rounds):
@@ -299,10 +300,12 @@ def section_decode(engine: LLMEngine, steps: int, rounds: int) -> list[dict]:
                 )
                 for i in range(16)
             ]
-            steps_s, sample_s = decode_steps(engine, prompts, params, f"d{r}-{n}")
+            steps_s, sample_s, cpu_s = decode_steps(engine, prompts, params, f"d{r}-{n}")
             per[n] += steps_s
             sample[n] += sample_s
+            cpu[n] += cpu_s
     base = statistics.median(per[0])
+    cpu_base = statistics.median(cpu[0])
     return [
         {
             "section": "decode",
@@ -313,6 +316,10 @@ def section_decode(engine: LLMEngine, steps: int, rounds: int) -> list[dict]:
             "ratio_to_free": round(statistics.median(times) / base, 3),
             # masks fill + apply, sampling: the part constraints add to
             "sample_ms_p50": round(statistics.median(sample[n]) * 1e3, 2),
+            # CPU seconds of every thread of the process (the fill thread's included): on a
+            # shared machine the fairer cost, as wall time there depends on the neighbours
+            "cpu_ms_p50": round(statistics.median(cpu[n]) * 1e3, 2),
+            "cpu_ratio": round(statistics.median(cpu[n]) / cpu_base, 3),
         }
         for n, times in per.items()
     ]
@@ -323,17 +330,18 @@ def decode_steps(
 ) -> list[float]:
     for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
         engine.add_request(f"{tag}-{i}", Prompt(p), sp)
-    times, samples = [], []
+    times, samples, cpu = [], [], []
     while engine.has_unfinished():
         decoding = len(engine.scheduler.running) == 16 and all(
             s.num_computed_tokens == s.num_tokens - 1 for s in engine.scheduler.running
         )
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         engine.step()
         if decoding and len(engine.scheduler.running) == 16:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             samples.append(engine.stats.recent[-1].sample_time)
-    return times[1:], samples[1:]  # the first decode step warms caches
+    return times[1:], samples[1:], cpu[1:]  # the first decode step warms caches
 
 
 # --- llguidance beside xgrammar ---

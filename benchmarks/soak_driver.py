@@ -1,7 +1,10 @@
 """A soak load for a running server: many concurrent streaming clients, some of which hang up
-mid-stream, with n>1, stop strings and long prompts. Used by bench_soak.py and tests/api/test_soak.py.
+mid-stream, with n>1, stop strings and long prompts. Used by bench_soak.py, bench_faults.py and
+tests/api/test_soak.py, tests/api/test_faults.py.
 
-Every request is greedy, so a completed one has exactly one right answer (the reference)."""
+Every request is greedy, so a completed one has exactly one right answer (the reference). A run
+that tolerates a restart counts a request that fails with a connection error or a 503 as aborted
+(its index in `aborted`, to be retried); without that, those are errors like any other."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import json
 import random
 import string
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import httpx
@@ -31,6 +35,9 @@ class SoakResult:
     errors: list[str] = field(default_factory=list)
     ttft_s: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
+    statuses: Counter[str] = field(default_factory=Counter)  # HTTP status, or "connection"
+    aborted: list[int] = field(default_factory=list)  # failed by a restart (tolerated runs only)
+    cached_tokens: dict[int, int] = field(default_factory=dict)  # completed: usage's cached tokens
 
     @property
     def completed(self) -> int:
@@ -38,16 +45,23 @@ class SoakResult:
 
 
 def make_requests(
-    count: int, seed: int, prefixes: int = 4, prefix_len: int = 96, long_share: float = 0.1
+    count: int,
+    seed: int,
+    prefixes: int = 4,
+    prefix_len: int = 96,
+    long_share: float = 0.1,
+    head_seed: int | None = None,
 ) -> list[SoakRequest]:
-    """Shared system-prompt-like prefixes (cache hits), random questions, a mix of features."""
+    """Shared system-prompt-like prefixes (cache hits), random questions, a mix of features.
+    `head_seed` draws the prefixes apart (the same ones for every `seed`); None: from `seed`."""
     rng = random.Random(seed)
     letters = string.ascii_letters + " "
 
-    def text(n: int) -> str:
-        return "".join(rng.choice(letters) for _ in range(n))
+    def text(n: int, source: random.Random = rng) -> str:
+        return "".join(source.choice(letters) for _ in range(n))
 
-    heads = [text(prefix_len) for _ in range(prefixes)]
+    head_rng = rng if head_seed is None else random.Random(head_seed)
+    heads = [text(prefix_len, head_rng) for _ in range(prefixes)]
     out = []
     for _ in range(count):
         body = text(rng.randrange(8, 40))
@@ -66,7 +80,30 @@ def make_requests(
 
 
 async def _one(
-    client: httpx.AsyncClient, model: str, index: int, req: SoakRequest, result: SoakResult
+    client: httpx.AsyncClient,
+    model: str,
+    index: int,
+    req: SoakRequest,
+    result: SoakResult,
+    tolerate_restart: bool = False,
+) -> None:
+    try:
+        await _stream(client, model, index, req, result, tolerate_restart)
+    except httpx.TransportError as e:  # refused, reset mid-stream, timed out
+        result.statuses["connection"] += 1
+        if tolerate_restart:
+            result.aborted.append(index)
+        else:
+            result.errors.append(f"connection: {e!r}")
+
+
+async def _stream(
+    client: httpx.AsyncClient,
+    model: str,
+    index: int,
+    req: SoakRequest,
+    result: SoakResult,
+    tolerate_restart: bool,
 ) -> None:
     body = {
         "model": model,
@@ -75,6 +112,7 @@ async def _one(
         "n": req.n,
         "temperature": 0,
         "stream": True,
+        "stream_options": {"include_usage": True},
     }
     if req.stop:
         body["stop"] = list(req.stop)
@@ -82,6 +120,10 @@ async def _one(
     chunks = 0
     t0 = time.perf_counter()
     async with client.stream("POST", "/v1/completions", json=body) as r:
+        result.statuses[str(r.status_code)] += 1
+        if r.status_code == 503 and tolerate_restart:
+            result.aborted.append(index)
+            return
         if r.status_code != 200:
             result.errors.append(f"{r.status_code}: {(await r.aread())[:200]!r}")
             return
@@ -95,6 +137,11 @@ async def _one(
             if "error" in event:
                 result.errors.append(str(event["error"]))
                 return
+            if event.get("usage"):
+                details = event["usage"].get("prompt_tokens_details") or {}
+                result.cached_tokens[index] = details.get("cached_tokens", 0)
+            if not event["choices"]:
+                continue  # the usage chunk
             if chunks == 0:
                 result.ttft_s.append(time.perf_counter() - t0)
             chunks += 1
@@ -107,16 +154,26 @@ async def _one(
 
 
 async def run_soak(
-    url: str, model: str, requests: list[SoakRequest], concurrency: int, timeout_s: float = 300
+    url: str,
+    model: str,
+    requests: list[SoakRequest],
+    concurrency: int,
+    timeout_s: float = 300,
+    *,
+    result: SoakResult | None = None,
+    indices: list[int] | None = None,
+    tolerate_restart: bool = False,
 ) -> SoakResult:
-    """Runs `requests` through `concurrency` clients at once; bounded by `timeout_s`."""
-    result = SoakResult()
-    queue = list(enumerate(requests))[::-1]
+    """Runs `requests` (those at `indices`, default all) through `concurrency` clients at once;
+    bounded by `timeout_s`. Pass `result` to watch progress from another thread."""
+    result = SoakResult() if result is None else result
+    order = range(len(requests)) if indices is None else indices
+    queue = [(i, requests[i]) for i in order][::-1]
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         while queue:
             index, req = queue.pop()
-            await _one(client, model, index, req, result)
+            await _one(client, model, index, req, result, tolerate_restart)
 
     t0 = time.perf_counter()
     limits = httpx.Limits(max_connections=concurrency)

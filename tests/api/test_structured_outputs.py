@@ -146,6 +146,7 @@ BAD = [
     ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json", None),
     ({"structured_outputs": {"grammar": "start: ("}}, "structured_outputs", None),
     ({"logit_bias": {"abc": 1}}, "logit_bias", None),
+    ({"logit_bias": {"\u00b2": 1}}, "logit_bias", None),  # a digit to str.isdigit, not to int
     ({"logit_bias": {"5": 101}}, "logit_bias", None),
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", None),
     ({"response_format": {"type": "xml"}}, "response_format", None),

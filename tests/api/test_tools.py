@@ -165,6 +165,12 @@ def test_a_second_call_with_the_same_tools_hits_the_whole_tools_block(
     assert first.usage.prompt_tokens_details.cached_tokens < full_blocks
     second = ask("And how warm is it in Lima today?")
     assert second.usage.prompt_tokens_details.cached_tokens >= full_blocks
+    # the cache lookup renders a chat with its tools as the route does
+    body = {"messages": [system, {"role": "user", "content": "Snow?"}], "tools": WEATHER_TOOLS}
+    found = httpx.post(default_server.url + "/v1/cache/lookup", json=body, timeout=60).json()
+    assert found["cached_tokens"] >= full_blocks
+    without = httpx.post(default_server.url + "/v1/cache/lookup", json={**body, "tools": None})
+    assert without.json()["cached_tokens"] < full_blocks
 
 
 def test_the_router_renders_tools_to_the_server_s_very_ids(

@@ -257,3 +257,15 @@ def test_repeated_tagged_json_ends_after_its_cap(make_llm):
     calls = out.text.split(",")
     assert 1 <= len(calls) <= MAX_TAGGED_REPEATS
     assert all(json.loads(c.removeprefix("<c>").removesuffix("</c>"))["k"] for c in calls)
+
+
+def test_stop_strings_and_max_tokens_still_end_a_constrained_output(make_llm):
+    llm = make_llm(num_blocks=256)
+    word = Regex("[a-c]{12}")
+    free = llm.generate([PROMPTS[0]], greedy(constraint=word))[0].outputs[0].text
+    assert re.fullmatch("[a-c]{12}", free)
+    cut = free[3]
+    stopped = llm.generate([PROMPTS[0]], greedy(constraint=word, stop=(cut,)))[0].outputs[0]
+    assert stopped.finish_reason == "stop" and stopped.text == free[: free.index(cut)]
+    short = llm.generate([PROMPTS[0]], greedy(constraint=word, max_tokens=5))[0].outputs[0]
+    assert short.finish_reason == "length" and short.text == free[:5]
