@@ -118,7 +118,10 @@ class Scheduler:
             if seq.kv_load is None and self._prefix_in_flight(seq):
                 deferred.append(self.waiting.pop(0))  # wait: its next block is being computed
                 continue
-            worst = blocks_for(min(seq.num_tokens, budget), self.kv.block_size)
+            # the chunk at worst (no cache hit), less the blocks seq already holds (its device
+            # prefix, locked while its load ran)
+            end = min(seq.num_tokens, seq.num_computed_tokens + budget)
+            worst = blocks_for(end, self.kv.block_size) - len(seq.block_ids)
             if not self.kv.can_fit(worst):
                 break
             if self.kv.match(seq) is MatchState.LOADING:
