@@ -30,7 +30,9 @@ class CacheAnalytics:
         return EngineSnapshot(
             totals=self.stats.copy(),
             running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting) + len(self.scheduler.loading),
+            waiting=len(self.scheduler.waiting)
+            + len(self.scheduler.loading)
+            + len(self.scheduler.ready),
             cache=self.prefix_cache.stats(),
             tiers=None if self.tiers is None else self.tiers.store.stats(),
         )

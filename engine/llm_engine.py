@@ -129,7 +129,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch.seqs:
-            if self.scheduler.loading:  # nothing to run until a load arrives: wait for it
+            if self.scheduler.loading or self.scheduler.ready:  # a load is on its way: wait
                 self.scheduler.wait_for_loads(self.load_poll_s)
                 return []
             return self._unblock()

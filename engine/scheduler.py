@@ -46,6 +46,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []  # sorted by sort_key (priority, arrival, id)
         self.running: list[Sequence] = []  # sorted by sort_key; preemption takes from the end
         self.loading: list[Sequence] = []  # waiting for their prefix from a spill tier
+        self.ready: list[Sequence] = []  # loads arrived: they hold their prefix, admitted first
         self.num_preemptions = 0
 
     # --- queues ---
@@ -77,7 +78,7 @@ class Scheduler:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.LOADING:
-            self.loading.remove(seq)
+            (self.loading if seq in self.loading else self.ready).remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
@@ -112,16 +113,14 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        budget = self._schedule_ready(batch, budget)
         deferred: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if seq.kv_load is None and self._prefix_in_flight(seq):
+            if self._prefix_in_flight(seq):
                 deferred.append(self.waiting.pop(0))  # wait: its next block is being computed
                 continue
-            # the chunk at worst (no cache hit), less the blocks seq already holds (its device
-            # prefix, locked while its load ran)
-            end = min(seq.num_tokens, seq.num_computed_tokens + budget)
-            worst = blocks_for(end, self.kv.block_size) - len(seq.block_ids)
+            worst = blocks_for(min(seq.num_tokens, budget), self.kv.block_size)
             if not self.kv.can_fit(worst):
                 break
             if self.kv.match(seq) is MatchState.LOADING:
@@ -129,28 +128,47 @@ class Scheduler:
                 seq.status = SequenceStatus.LOADING
                 self.loading.append(seq)
                 continue
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self.kv.allocate(seq, n):
+            if not self._start(batch, seq, budget):
                 self.kv.free(seq)
                 break
             self.waiting.pop(0)
-            self.add_running(seq)
-            batch.admitted.append(seq)
-            batch.num_cached_tokens += seq.num_computed_tokens
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(n)
-            budget -= n
+            budget -= batch.num_new_tokens[-1]
         for seq in deferred:
             self.add(seq)
 
+    def _schedule_ready(self, batch: ScheduledBatch, budget: int) -> int:
+        """Sequences whose load arrived go first: their blocks go in and they start; one that
+        does not fit lets go of its prefix and queues again (no waiting sequence holds blocks)."""
+        while self.ready and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.ready.pop(0)
+            self.kv.match(seq)  # installs the loaded blocks
+            if self._start(batch, seq, budget):
+                budget -= batch.num_new_tokens[-1]
+            else:
+                self.kv.free(seq)
+                self.add(seq)
+        return budget
+
+    def _start(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> bool:
+        """Blocks for seq's first chunk, and seq into the batch; False if short."""
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        if not self.kv.allocate(seq, n):
+            return False
+        self.add_running(seq)
+        batch.admitted.append(seq)
+        batch.num_cached_tokens += seq.num_computed_tokens
+        batch.seqs.append(seq)
+        batch.num_new_tokens.append(n)
+        return True
+
     def _collect_loads(self) -> None:
-        """Loaded (or expired) sequences go back to the queue, still holding their prefix."""
+        """Loaded (or expired) sequences become `ready`: admitted before the waiting queue."""
         if not self.loading:
             return
         now = time.monotonic()
         for seq in [s for s in self.loading if self.kv.load_ready(s, now)]:
             self.loading.remove(seq)
-            self.add(seq)
+            bisect.insort(self.ready, seq, key=lambda s: s.sort_key)
 
     def wait_for_loads(self, timeout: float) -> None:
         """Nothing else can run: block until the first load is done (at most `timeout`)."""

@@ -264,8 +264,9 @@ def test_a_load_from_a_stalled_tier_does_not_stall_running_streams(
     redis_server.client().client_pause(2000)  # the loader's Redis calls block for 2 s
     engine.add_request("load", Prompt(loaded), PARAMS)
     waiting = engine.requests["load"].seqs[0]
+    stream = engine.requests["stream"].seqs[0]
     steps = stream_tokens = 0
-    while True:
+    while not stream.is_finished:
         outs = engine.step()
         if waiting.status is not SequenceStatus.LOADING:
             break
@@ -276,5 +277,5 @@ def test_a_load_from_a_stalled_tier_does_not_stall_running_streams(
     while result is None:
         result = next((o for o in engine.step() if o.request_id == "load" and o.finished), None)
     assert result.cached_tokens_by_tier.get("redis", 0) == 40
-    engine.abort("stream")
+    engine.abort("stream")  # (when still running)
     engine.admin(CheckIntegrity())
