@@ -30,10 +30,12 @@ LDFLAGS = ("-fopenmp",)
 
 def build_dir() -> Path:
     """Where this source, built with these flags for this torch and Python, lives: two checkouts
-    with different kernels never share (or rebuild over) one folder."""
+    never share (or rebuild over) one folder, even with the same kernels (ninja's build file names
+    the sources' paths, so a second checkout's start would rebuild the first one's)."""
     root = os.environ.get("RADIXCACHE_NATIVE_DIR") or Path.home() / ".cache/radixcache/native"
     key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
-    key.update(repr((CFLAGS, LDFLAGS, torch.__version__, sys.version_info[:2])).encode())
+    paths = [str(source.resolve()) for source in SOURCES]
+    key.update(repr((paths, CFLAGS, LDFLAGS, torch.__version__, sys.version_info[:2])).encode())
     return Path(root) / key.hexdigest()[:16]
 
 
