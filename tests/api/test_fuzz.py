@@ -41,9 +41,9 @@ def _cheap(case: schemathesis.Case, model: str) -> None:
             body[key] = MAX_TOKENS
     if case.path in GENERATION_PATHS:
         body.setdefault("max_tokens", MAX_TOKENS)
-    if "messages" in body or "prompt" in body:
-        if zlib.crc32(json.dumps(body, sort_keys=True, default=str).encode()) % 2:
-            body["model"] = model
+    named = zlib.crc32(json.dumps(body, sort_keys=True, default=str).encode()) % 2
+    if ("messages" in body or "prompt" in body) and named:
+        body["model"] = model
     if isinstance(body.get("n"), int):
         body["n"] = min(body["n"], 2)
 
