@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import jsonschema
 
-from benchmarks.processes import ROOT, free_port, spawn, stop, wait_healthy
+from benchmarks.processes import ROOT, free_port, spawn, sse_chunks, stop, wait_healthy
 from benchmarks.results_io import write_results
 
 VLLM_CLI = ROOT / "benchmarks" / "vllm_cli.py"
@@ -135,12 +135,7 @@ async def one_turn(
     async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"{resp.status_code}: {(await resp.aread()).decode()[:300]}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"])
+        async for chunk in sse_chunks(resp):
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices", ()):
                 delta = choice.get("delta", {})

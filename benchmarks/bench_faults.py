@@ -75,7 +75,7 @@ def fault_notes(fault: Fault) -> dict:
         return {"pokes_until_back": fault.pokes}
     if isinstance(fault, DiskFill):
         stored = fault.files_at_recovery - fault.files_when_filled
-        return {"free_bytes_when_filled": fault.free_when_filled, "stored_while_full": len(stored)}
+        return {"hit_enospc": fault.hit_enospc, "stored_while_full": len(stored)}
     if isinstance(fault, DiskCorrupter):
         return {"files_corrupted": len(fault.corrupted), "corrupted_gone": fault.discarded()}
     assert isinstance(fault, ServerRestart)

@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from benchmarks.processes import free_port, spawn, stop, wait_healthy
+from benchmarks.processes import free_port, spawn, sse_chunks, stop, wait_healthy
 from benchmarks.router_workload import SHAPES, Shape, build_workload, random_text, reuse_bounds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,12 +130,7 @@ async def run_user(
         first, answer = None, []
         async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
             resp.raise_for_status()
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    raise RuntimeError(chunk["error"])
+            async for chunk in sse_chunks(resp):
                 for choice in chunk.get("choices", []):
                     if choice["delta"].get("content"):
                         first = first or time.perf_counter()

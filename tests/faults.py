@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
 import random
 import string
 import threading
@@ -78,7 +77,7 @@ class DiskFill:
         self.ballast = mount / "ballast"
         self.kv = kv
         self.filled_bytes = 0
-        self.free_when_filled = -1  # bytes the filesystem had left once the ballast was written
+        self.hit_enospc = False  # the ballast's last write was refused: the filesystem was full
         self.files_when_filled: set[Path] = set()
         self.files_at_recovery: set[Path] = set()
 
@@ -91,8 +90,7 @@ class DiskFill:
             except OSError as e:
                 if e.errno != errno.ENOSPC:
                     raise
-        vfs = os.statvfs(self.ballast.parent)
-        self.free_when_filled = vfs.f_bavail * vfs.f_frsize
+                self.hit_enospc = True
         self.files_when_filled = set(disk_files(self.kv))
 
     def recover(self) -> None:

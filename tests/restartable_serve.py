@@ -6,12 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
 from tests.ports import free_port
+from tests.serve_process import poll_health
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,13 +38,8 @@ class RestartableServe:
 
     def wait_healthy(self, timeout_s: float = 300.0) -> None:
         """Polls /health; a first start may build the native kernels (minutes on a busy machine)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.running:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.05)  # polling interval
+        if poll_health(self.url, lambda: self.running, timeout_s):
+            return
         self.kill()
         raise AssertionError(f"server did not come up: {self.log()[-4000:]}")
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -14,6 +15,18 @@ import httpx
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def poll_health(url: str, alive: Callable[[], bool], timeout_s: float) -> bool:
+    """Polls url/health until it answers 200 (True), the process dies or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return True
+        except httpx.TransportError:
+            time.sleep(0.05)  # polling interval
+    return False
 
 
 class ServeProcess:
@@ -28,13 +41,8 @@ class ServeProcess:
         )
 
     def wait_healthy(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.1)  # polling interval
+        if poll_health(self.url, lambda: self.proc.poll() is None, timeout_s):
+            return
         self.kill()
         raise AssertionError(f"server did not come up: {self.output()}")
 

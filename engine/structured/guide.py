@@ -114,7 +114,8 @@ class Guide:
         if have:
             assert early is not None
             bitmask[have] = early.bitmask[[self._early[rows[index[j]].seq_id] for j in have]]
-        missing = [j for j in range(len(index)) if j not in set(have)]
+        early_rows = set(have)
+        missing = [j for j in range(len(index)) if j not in early_rows]
         late = self.filler.fill(missing, [rows[index[j]].matcher for j in missing])
         bitmask[missing] = late.bitmask
         return TokenMasks(index, bitmask)

@@ -124,7 +124,9 @@ def test_disk_full_past_budget(make_llm, tiny_llama: Path, tmp_path: Path) -> No
     with fault_server(tiny_llama, tmp_path, None, disk_budget=2 * TMPFS_BYTES) as (server, kv):
         fill = DiskFill(kv.parent, kv)
         reports = run_fault(make_llm, server, kv, fill)
-        assert fill.free_when_filled < 4096  # full: ENOSPC for every new file
+        # full: ENOSPC for the ballast (free space read afterwards races with the tier, which
+        # deletes its oldest files on ENOSPC)
+        assert fill.hit_enospc and fill.filled_bytes > 0
         # the tier kept storing blocks while the filesystem was full (dropping its oldest)
         stored_while_full = fill.files_at_recovery - fill.files_when_filled
         assert len(stored_while_full) >= 8
