@@ -7,9 +7,9 @@ only; LRU order = modification time); a value is verified (header + xxh64) when 
 damaged one is deleted and counted.
 
 A full filesystem (ENOSPC / EDQUOT) caps the budget at the bytes the tier held when it filled up:
-the least recently used files make room and the write is tried once more, so the tier keeps
-turning over within the space it has (a budget larger than the disk, or a disk others fill). The
-cap lifts after `full_cooldown_s`, to grow again where space was freed. When that does not help
+the least recently used files make room and the write is tried again (a few times: another
+thread's write may take the room first), so the tier keeps turning over within the space it has
+(a budget larger than the disk, or a disk others fill). The cap lifts after `full_cooldown_s`, to grow again where space was freed. When that does not help
 (nothing of ours to drop, or EFBIG: a file-size limit) writes stop for `full_cooldown_s`; reads
 keep working throughout.
 
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 SUFFIX = ".kv"
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}  # dropping files of ours frees room
+_FULL_RETRIES = 3
 
 
 def _is_hex(name: str, length: int) -> bool:
@@ -159,17 +160,20 @@ class DiskTier:
             return
         path = self._path(nsx, h)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            self._write_tmp(tmp, value)
-        except OSError as e:
-            if e.errno not in _NO_SPACE_ERRNOS or not self._cap_at_full(tmp, len(value)):
-                self._write_failed(e, tmp)
-                return
-            try:  # room made by dropping LRU files: once more
+        for attempt in range(_FULL_RETRIES + 1):
+            try:
                 self._write_tmp(tmp, value)
-            except OSError as again:
-                self._write_failed(again, tmp)
-                return
+                break
+            except OSError as e:
+                # room is made by dropping LRU files, then the write is tried again; another
+                # thread's write (the loader spills too) may take that room first, hence a few tries
+                if (
+                    attempt == _FULL_RETRIES
+                    or e.errno not in _NO_SPACE_ERRNOS
+                    or not self._cap_at_full(tmp, len(value))
+                ):
+                    self._write_failed(e, tmp)
+                    return
         with self._lock:
             evicted = self._make_room(len(value))
             os.replace(tmp, path)

@@ -126,7 +126,7 @@ def test_disk_full_past_budget(make_llm, tiny_llama: Path, tmp_path: Path) -> No
         reports = run_fault(make_llm, server, kv, fill)
         # full: ENOSPC for the ballast (free space read afterwards races with the tier, which
         # deletes its oldest files on ENOSPC)
-        assert fill.hit_enospc and fill.filled_bytes > 0
+        assert fill.hit_enospc
         # the tier kept storing blocks while the filesystem was full (dropping its oldest)
         stored_while_full = fill.files_at_recovery - fill.files_when_filled
         assert len(stored_while_full) >= 8

@@ -61,3 +61,34 @@ def test_a_disk_filled_by_others_stops_writes_reads_continue(tmp_path: Path, ns:
         tier.put(ns, encoded(hashes[1:]))
         assert tier.contains(ns, hashes) == [False, True]
         assert tier.used_bytes() == sum(files_of(root / "kv").values())
+
+
+class RoomTakenOnce(DiskTier):
+    """Another writer (the loader's spills share the tier) takes the room the first drop made,
+    before the retry: a page of ballast written right after it."""
+
+    def __init__(self, *args, ballast: Path, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.ballast = ballast
+        self.taken = 0
+
+    def _cap_at_full(self, tmp: Path, size: int) -> bool:
+        made = super()._cap_at_full(tmp, size)
+        if made and not self.taken:
+            with open(self.ballast, "ab", buffering=0) as f:
+                self.taken = f.write(b"\0" * 4096)
+        return made
+
+
+def test_room_taken_by_another_write_is_made_again(tmp_path: Path, ns: Namespace) -> None:
+    with tmpfs(tmp_path / "fs", FS_BYTES) as root:
+        tier = RoomTakenOnce(root / "kv", 1 << 20, ballast=root / "ballast")
+        hashes = chain(ns, 24)
+        for item in encoded(hashes):
+            tier.put(ns, [item])
+        assert tier.taken == 4096  # the race happened
+        # the write was tried again (more room made) rather than writes stopping for the cool-down
+        assert tier.writes_stopped_until == float("-inf")
+        assert tier.contains(ns, hashes[-4:]) == [True] * 4
+        assert tier.used_bytes() == sum(files_of(root / "kv").values())
+        assert not list(root.rglob("*.tmp"))
