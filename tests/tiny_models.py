@@ -17,7 +17,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def _write_tokenizer(folder: Path) -> None:
+def write_tokenizer(folder: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -61,5 +61,5 @@ def make_tiny_model(folder: Path, arch: str, seed: int = 0) -> Path:
     model = classes[arch](configs[arch]()).eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
-    _write_tokenizer(folder)
+    write_tokenizer(folder)
     return folder

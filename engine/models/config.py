@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+from engine.models.gemma_config import GEMMA_MODEL_TYPES, flatten_gemma
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *GEMMA_MODEL_TYPES)
+_ACTIVATIONS = {"gemma3_text": ("gelu_pytorch_tanh",)}  # others: ("silu", "swish")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,12 @@ def _sliding_window(raw: dict[str, Any]) -> int | None:
     return int(window)
 
 
+def _layer_windows(raw: dict[str, Any]) -> tuple[int | None, ...]:
+    window = _sliding_window(raw)
+    types = raw.get("layer_types") or ["sliding_attention"] * int(raw["num_hidden_layers"])
+    return tuple(window if t == "sliding_attention" else None for t in types)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     model_type: str
@@ -65,6 +74,9 @@ class ModelConfig:
     # Mistral/Qwen2 sliding-window attention is not implemented: the engine must not serve
     # sequences longer than this (None: full attention)
     sliding_window: int | None = None
+    # stand-in for swa26's interface until it merges: per layer, None = full attention
+    layer_windows: tuple[int | None, ...] = ()
+    local_rope: RopeConfig | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None
@@ -83,8 +95,11 @@ class ModelConfig:
         model_type = raw.get("model_type", "llama")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"unsupported model_type {model_type!r}; want {SUPPORTED_MODEL_TYPES}")
+        if model_type in GEMMA_MODEL_TYPES:
+            raw = flatten_gemma(raw)
+            model_type = raw["model_type"]
         act = raw.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
+        if act not in _ACTIVATIONS.get(model_type, ("silu", "swish")):
             raise ValueError(f"unsupported hidden_act {act!r}")
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
@@ -107,8 +122,14 @@ class ModelConfig:
             attention_bias=bias or model_type == "qwen2",
             o_proj_bias=bias and model_type != "qwen2",
             mlp_bias=bool(raw.get("mlp_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "gemma3_text"),
             sliding_window=_sliding_window(raw),
+            layer_windows=_layer_windows(raw),
+            local_rope=(
+                RopeConfig(theta=float(raw["rope_local_base_freq"]))
+                if "rope_local_base_freq" in raw
+                else None
+            ),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),

@@ -131,7 +131,7 @@ class LlamaForCausalLM(nn.Module):
         kw = {"dtype": dtype, "device": device}
         self.embed_tokens = _param(config.vocab_size, config.hidden_size, **kw)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers)
+            self.make_layer(config, i, dtype, device) for i in range(config.num_hidden_layers)
         )
         self.norm = _param(config.hidden_size, **kw)
         self.lm_head = (
@@ -146,6 +146,16 @@ class LlamaForCausalLM(nn.Module):
         self.attention = attention or make_attention_backend(
             device, dtype=dtype, head_dim=config.head_dim, invariant=invariant
         )
+
+    layer_norms = ("input_layernorm", "post_attention_layernorm", "q_norm", "k_norm")
+
+    def make_layer(
+        self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device
+    ) -> DecoderLayer:
+        return DecoderLayer(config, dtype, device)
+
+    def finish_load(self) -> None:
+        """Called once the checkpoint's tensors are in (a model that derives weights from them)."""
 
     @torch.inference_mode()
     def forward(
