@@ -1,10 +1,11 @@
-"""Tiny random-weight HF folders (Llama, Qwen2, Qwen3) with a byte-level tokenizer: the models of
-every engine, storage and API test."""
+"""Tiny random-weight HF folders (Llama, Qwen2, Qwen3; Gemma 3 without a chat template) with a
+byte-level tokenizer: the models of every engine, storage and API test."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -17,7 +18,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def write_tokenizer(folder: Path) -> None:
+def write_tokenizer(folder: Path, chat_template: bool = True) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -26,7 +27,9 @@ def write_tokenizer(folder: Path) -> None:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
     tok.save(str(folder / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "bos_token": None, "chat_template": CHAT_TEMPLATE}
+    config = {"eos_token": "<|im_end|>", "bos_token": None}
+    if chat_template:
+        config["chat_template"] = CHAT_TEMPLATE
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 
@@ -63,3 +66,60 @@ def make_tiny_model(folder: Path, arch: str, seed: int = 0) -> Path:
     model.save_pretrained(folder, safe_serialization=True)
     write_tokenizer(folder)
     return folder
+
+
+GEMMA_CONFIGS = {
+    "d32-mixed": dict(  # full layers between sliding ones, scaled global rope, softcapped logits
+        num_hidden_layers=5,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"]
+        + ["full_attention", "sliding_attention"],
+        head_dim=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=8,
+        query_pre_attn_scalar=24,
+        rope_local_base_freq=100.0,
+        rope_theta=1e4,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+        final_logit_softcapping=30.0,
+    ),
+    "d256-pattern": dict(  # Gemma 3 270M's shape: head dim 256, one KV head, every sixth full
+        num_hidden_layers=6,
+        head_dim=256,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=16,
+        query_pre_attn_scalar=256,
+    ),
+}
+
+
+def tiny_gemma_config(name: str) -> Any:
+    import transformers
+
+    return transformers.Gemma3TextConfig(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        max_position_embeddings=512,
+        eos_token_id=EOS_ID,
+        **GEMMA_CONFIGS[name],
+    )
+
+
+def make_tiny_gemma(folder: Path, name: str) -> tuple[Any, Path]:
+    """(transformers' model, its folder) of GEMMA_CONFIGS[name]: norm weights around 0 (the
+    forward multiplies by 1 + w), projections large enough for peaked logits (no near-ties in
+    greedy runs); a base model's tokenizer (no chat template)."""
+    import transformers
+
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForCausalLM(tiny_gemma_config(name)).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param_name, p in hf.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if "norm" in param_name else 0.15))
+    folder.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(folder)
+    write_tokenizer(folder, chat_template=False)
+    return hf, folder

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from engine.llm import LLM
 from engine.loader import load_model
@@ -13,65 +12,15 @@ from engine.models.config import ModelConfig
 from engine.models.gemma import GemmaForCausalLM
 from engine.sampling import SamplingParams
 from tests.engine.test_models import assert_close, hf_logits, run_steps
-from tests.tiny_models import TINY_VOCAB, write_tokenizer
+from tests.tiny_models import GEMMA_CONFIGS, TINY_VOCAB, make_tiny_gemma, tiny_gemma_config
 
 VOCAB = TINY_VOCAB
-CONFIGS = {
-    "d32-mixed": dict(  # full layers between sliding ones, scaled global rope, softcapped logits
-        num_hidden_layers=5,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"]
-        + ["full_attention", "sliding_attention"],
-        head_dim=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=8,
-        query_pre_attn_scalar=24,
-        rope_local_base_freq=100.0,
-        rope_theta=1e4,
-        rope_scaling={"rope_type": "linear", "factor": 2.0},
-        final_logit_softcapping=30.0,
-    ),
-    "d256-pattern": dict(  # Gemma 3 270M's shape: head dim 256, one KV head, every sixth full
-        num_hidden_layers=6,
-        head_dim=256,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        sliding_window=16,
-        query_pre_attn_scalar=256,
-    ),
-}
 
 
-def gemma_config(name: str) -> transformers.Gemma3TextConfig:
-    return transformers.Gemma3TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-6,
-        **CONFIGS[name],
-    )
-
-
-def randomize(model: torch.nn.Module) -> None:
-    """Norm weights around 0 (the forward multiplies by 1 + w), projections large enough for
-    peaked logits (no near-ties in greedy runs)."""
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if "norm" in name else 0.15))
-
-
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+@pytest.fixture(scope="module", params=sorted(GEMMA_CONFIGS))
 def gemma(request, tmp_path_factory):
-    torch.manual_seed(0)
-    hf = transformers.Gemma3ForCausalLM(gemma_config(request.param)).eval()
-    randomize(hf)
-    path = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(path)
-    write_tokenizer(path)
-    window = CONFIGS[request.param]["sliding_window"]
-    return hf, path, window
+    hf, path = make_tiny_gemma(tmp_path_factory.mktemp(request.param), request.param)
+    return hf, path, GEMMA_CONFIGS[request.param]["sliding_window"]
 
 
 def test_the_folder_loads_as_gemma(gemma):
@@ -107,7 +56,7 @@ def test_greedy_generation_matches_transformers(gemma):
 
 
 def test_gemma3_multimodal_and_legacy_configs_parse_to_the_text_config():
-    text = gemma_config("d32-mixed").to_dict()
+    text = tiny_gemma_config("d32-mixed").to_dict()
     flat = ModelConfig.from_dict(text)
     wrapped = ModelConfig.from_dict({"model_type": "gemma3", "text_config": text})
     assert wrapped.layer_windows == flat.layer_windows == (8, None, 8, None, 8)
