@@ -35,6 +35,13 @@ def default_model_path() -> Path:
     return ensure_default_model(progress=False)
 
 
+@pytest.fixture(scope="session")
+def gemma_model_path() -> Path:
+    from engine.loader.gemma_model import ensure_gemma_model
+
+    return ensure_gemma_model(progress=False)
+
+
 @pytest.fixture
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis"))
