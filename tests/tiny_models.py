@@ -107,6 +107,13 @@ def tiny_gemma_config(name: str) -> Any:
     )
 
 
+def randomize_gemma(model: torch.nn.Module) -> None:
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if "norm" in name else 0.15))
+
+
 def make_tiny_gemma(folder: Path, name: str) -> tuple[Any, Path]:
     """(transformers' model, its folder) of GEMMA_CONFIGS[name]: norm weights around 0 (the
     forward multiplies by 1 + w), projections large enough for peaked logits (no near-ties in
@@ -115,10 +122,7 @@ def make_tiny_gemma(folder: Path, name: str) -> tuple[Any, Path]:
 
     torch.manual_seed(0)
     hf = transformers.Gemma3ForCausalLM(tiny_gemma_config(name)).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param_name, p in hf.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if "norm" in param_name else 0.15))
+    randomize_gemma(hf)
     folder.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(folder)
     write_tokenizer(folder, chat_template=False)

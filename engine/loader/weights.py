@@ -16,6 +16,12 @@ from engine.models.llama import LlamaForCausalLM
 
 _NORM_PATHS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
 _MODELS: dict[str, type[LlamaForCausalLM]] = {"gemma3_text": GemmaForCausalLM}
+_TEXT_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("model.language_model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _SAMPLE_CHUNKS, _CHUNK = 8, 1 << 16
 
@@ -42,6 +48,17 @@ def model_digest(path: str | Path) -> str:
                 fh.seek(size * i // _SAMPLE_CHUNKS)
                 h.update(fh.read(_CHUNK))
     return h.hexdigest()[:32]
+
+
+def _text_name(stored: str) -> str | None:
+    """The decoder's tensor name of a stored one: a gemma3 (multimodal) checkpoint nests the text
+    model under language_model (None: its vision tower and projector, which are not loaded)."""
+    if stored.startswith(_VISION):
+        return None
+    for prefix, plain in _TEXT_PREFIXES:
+        if stored.startswith(prefix):
+            return plain + stored[len(prefix) :]
+    return stored
 
 
 def _targets(model: LlamaForCausalLM) -> dict[str, tuple[torch.Tensor, slice]]:
@@ -107,13 +124,16 @@ def load_model(
     with torch.no_grad():
         for f in weight_files(path):
             with safe_open(f, framework="pt") as st:
-                for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                for stored in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    name = _text_name(stored)
+                    if name is None:
+                        continue
                     if name not in targets:
                         if name == "lm_head.weight" or name.endswith("rotary_emb.inv_freq"):
                             continue
                         raise ValueError(f"unexpected tensor {name!r} in {f.name}")
                     param, rows = targets[name]
-                    param[rows].copy_(st.get_tensor(name))
+                    param[rows].copy_(st.get_tensor(stored))
                     missing.discard(name)
     if missing:
         raise ValueError(f"missing tensors in {path}: {sorted(missing)[:5]} ...")

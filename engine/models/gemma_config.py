@@ -15,8 +15,11 @@ def flatten_gemma(raw: dict[str, Any]) -> dict[str, Any]:
     gemma3 (multimodal) config, transformers 5's per-layer-type rope_parameters as rope_theta /
     rope_scaling (full layers) and rope_local_base_freq (sliding layers), and layer_types
     spelled out where only the old sliding_window_pattern is given."""
-    if raw.get("model_type") == "gemma3":
-        raw = {**raw.get("text_config", {}), "model_type": "gemma3_text"}
+    if raw.get("model_type") == "gemma3":  # its text_config leaves out the defaults
+        from transformers import Gemma3TextConfig
+
+        text = {k: v for k, v in (raw.get("text_config") or {}).items() if k != "model_type"}
+        raw = Gemma3TextConfig(**text).to_dict()
     if raw.get("use_bidirectional_attention"):
         raise ValueError("bidirectional Gemma 3 (an embedding model) is not a decoder to serve")
     flat = dict(raw)

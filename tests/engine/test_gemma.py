@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 from engine.llm import LLM
 from engine.loader import load_model
@@ -12,7 +13,13 @@ from engine.models.config import ModelConfig
 from engine.models.gemma import GemmaForCausalLM
 from engine.sampling import SamplingParams
 from tests.engine.test_models import assert_close, hf_logits, run_steps
-from tests.tiny_models import GEMMA_CONFIGS, TINY_VOCAB, make_tiny_gemma, tiny_gemma_config
+from tests.tiny_models import (
+    GEMMA_CONFIGS,
+    TINY_VOCAB,
+    make_tiny_gemma,
+    randomize_gemma,
+    tiny_gemma_config,
+)
 
 VOCAB = TINY_VOCAB
 
@@ -72,3 +79,30 @@ def test_gemma3_multimodal_and_legacy_configs_parse_to_the_text_config():
     assert parsed.rope.theta == 1e6 and parsed.local_rope.theta == 1e4
     with pytest.raises(ValueError, match="hidden_act"):
         ModelConfig.from_dict({**text, "hidden_activation": "relu"})
+
+
+def test_a_gemma3_multimodal_folder_serves_its_text_model(tmp_path):
+    """A gemma3 (image-text) checkpoint: the text model's tensors under language_model, the
+    vision tower's skipped; logits of text-only input equal transformers' multimodal model."""
+    text = tiny_gemma_config("d32-mixed").to_dict()
+    text["final_logit_softcapping"] = None  # Gemma3ForConditionalGeneration never applies it
+    vision = dict(
+        model_type="siglip_vision_model",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4
+    )
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForConditionalGeneration(config).eval()
+    randomize_gemma(hf)
+    hf.save_pretrained(tmp_path)
+    ours = load_model(tmp_path, torch.float32, "cpu")
+    assert isinstance(ours, GemmaForCausalLM)
+    ids = torch.randint(0, VOCAB, (7,), generator=torch.Generator().manual_seed(3)).tolist()
+    assert_close(run_steps(ours, [ids]), hf_logits(hf, ids))
