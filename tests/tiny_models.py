@@ -1,5 +1,6 @@
-"""Tiny random-weight HF folders (Llama, Qwen2, Qwen3; Gemma 3 without a chat template) with a
-byte-level tokenizer: the models of every engine, storage and API test."""
+"""Tiny random-weight HF folders (Llama, Qwen2, Qwen3; Mistral and Qwen2 with sliding windows;
+Gemma 3 without a chat template) with a byte-level tokenizer: the models of every engine, storage
+and API test."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 TINY_VOCAB = 320  # 256 byte tokens + 3 specials + unused ids
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS_ID = 258  # <|im_end|>
+WINDOWS = {"mistral-swa": 8, "qwen2-swa": 12}  # the windowed tiny models' sliding windows
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -34,7 +36,9 @@ def write_tokenizer(folder: Path, chat_template: bool = True) -> None:
 
 
 def make_tiny_model(folder: Path, arch: str, seed: int = 0) -> Path:
-    """A 2-layer random-weight model of `arch` ("llama" | "qwen2" | "qwen3") saved as safetensors."""
+    """A 2-layer random-weight model of `arch` saved as safetensors: "llama" | "qwen2" | "qwen3",
+    or with sliding windows: "mistral-swa" (both layers, window 8) | "qwen2-swa" (layer 1 only,
+    window 12: use_sliding_window with max_window_layers 1)."""
     import transformers
 
     common = {
@@ -54,11 +58,23 @@ def make_tiny_model(folder: Path, arch: str, seed: int = 0) -> Path:
         "llama": lambda: transformers.LlamaConfig(**common, rope_theta=10000.0),
         "qwen2": lambda: transformers.Qwen2Config(**common, rope_theta=1e6),
         "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=32, rope_theta=1e6),
+        "mistral-swa": lambda: transformers.MistralConfig(
+            **common, sliding_window=WINDOWS["mistral-swa"], rope_theta=1e4
+        ),
+        "qwen2-swa": lambda: transformers.Qwen2Config(
+            **common,
+            rope_theta=1e6,
+            use_sliding_window=True,
+            sliding_window=WINDOWS["qwen2-swa"],
+            max_window_layers=1,
+        ),
     }
     classes = {
         "llama": transformers.LlamaForCausalLM,
         "qwen2": transformers.Qwen2ForCausalLM,
         "qwen3": transformers.Qwen3ForCausalLM,
+        "mistral-swa": transformers.MistralForCausalLM,
+        "qwen2-swa": transformers.Qwen2ForCausalLM,
     }
     torch.manual_seed(seed)
     model = classes[arch](configs[arch]()).eval()

@@ -8,9 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from engine.models.gemma_config import GEMMA_MODEL_TYPES, flatten_gemma
+from engine.models.layer_types import (
+    FULL,
+    SLIDING,
+    has_local_rope,
+    layer_windows,
+    rope_parameters,
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *GEMMA_MODEL_TYPES)
 _ACTIVATIONS = {"gemma3_text": ("gelu_pytorch_tanh",)}  # others: ("silu", "swish")
+_DEFAULT_THETA = {"gemma3_text": 1_000_000.0}  # transformers' default where config.json has none
 
 
 @dataclass(frozen=True)
@@ -30,27 +38,20 @@ class RopeConfig:
     partial_rotary_factor: float = 1.0
 
     @staticmethod
-    def from_hf(raw: dict[str, Any]) -> RopeConfig:
-        params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-        theta = params.pop("rope_theta", None) or raw.get("rope_theta", 10000.0)
+    def from_hf(raw: dict[str, Any], layer_type: str = FULL) -> RopeConfig:
+        """The rope of full-attention layers (FULL), or of windowed ones (SLIDING) where the
+        config gives them their own (Gemma 3: rope_local_base_freq)."""
+        params = rope_parameters(raw, layer_type)
+        if layer_type == FULL:
+            fallback = raw.get("rope_theta", _DEFAULT_THETA.get(raw.get("model_type"), 10000.0))
+        else:
+            fallback = raw.get("rope_local_base_freq", 10000.0)
+        theta = params.pop("rope_theta", None) or fallback
         rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
         names = RopeConfig.__dataclass_fields__
         kwargs = {k: v for k, v in params.items() if k in names and v is not None}
         kwargs.setdefault("partial_rotary_factor", raw.get("partial_rotary_factor") or 1.0)
         return RopeConfig(theta=float(theta), rope_type=str(rope_type), **kwargs)
-
-
-def _sliding_window(raw: dict[str, Any]) -> int | None:
-    window = raw.get("sliding_window")
-    if window is None or (raw.get("model_type") == "qwen2" and not raw.get("use_sliding_window")):
-        return None
-    return int(window)
-
-
-def _layer_windows(raw: dict[str, Any]) -> tuple[int | None, ...]:
-    window = _sliding_window(raw)
-    types = raw.get("layer_types") or ["sliding_attention"] * int(raw["num_hidden_layers"])
-    return tuple(window if t == "sliding_attention" else None for t in types)
 
 
 @dataclass(frozen=True)
@@ -71,16 +72,40 @@ class ModelConfig:
     o_proj_bias: bool  # Llama's attention_bias also puts a bias on o_proj
     mlp_bias: bool
     qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k before RoPE
-    # Mistral/Qwen2 sliding-window attention is not implemented: the engine must not serve
-    # sequences longer than this (None: full attention)
-    sliding_window: int | None = None
-    # stand-in for swa26's interface until it merges: per layer, None = full attention
+    # per layer: None = full causal attention, W = the query at p attends keys
+    # [max(0, p - W + 1), p] (engine/models/layer_types.py); () = all full
     layer_windows: tuple[int | None, ...] = ()
-    local_rope: RopeConfig | None = None
+    local_rope: RopeConfig | None = None  # the rope of windowed layers, where it differs (Gemma 3)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.layer_windows:
+            object.__setattr__(self, "layer_windows", (None,) * self.num_hidden_layers)
+        if len(self.layer_windows) != self.num_hidden_layers:
+            raise ValueError(
+                f"layer_windows has {len(self.layer_windows)} entries for "
+                f"{self.num_hidden_layers} layers"
+            )
+
+    @property
+    def has_windows(self) -> bool:
+        """Whether any layer attends through a sliding window."""
+        return any(w is not None for w in self.layer_windows)
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The largest window of any layer (None: every layer attends all keys)."""
+        return max((w for w in self.layer_windows if w is not None), default=None)
+
+    def layer_rope(self, layer: int) -> RopeConfig:
+        """The rope layer `layer` rotates q and k with: local_rope on windowed layers where the
+        config has one, else rope."""
+        if self.local_rope is not None and self.layer_windows[layer] is not None:
+            return self.local_rope
+        return self.rope
 
     @property
     def q_size(self) -> int:
@@ -123,13 +148,8 @@ class ModelConfig:
             o_proj_bias=bias and model_type != "qwen2",
             mlp_bias=bool(raw.get("mlp_bias", False)),
             qk_norm=model_type in ("qwen3", "gemma3_text"),
-            sliding_window=_sliding_window(raw),
-            layer_windows=_layer_windows(raw),
-            local_rope=(
-                RopeConfig(theta=float(raw["rope_local_base_freq"]))
-                if "rope_local_base_freq" in raw
-                else None
-            ),
+            layer_windows=layer_windows(raw),
+            local_rope=RopeConfig.from_hf(raw, SLIDING) if has_local_rope(raw) else None,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),

@@ -8,7 +8,6 @@ layers use their own rope base (rope_local_base_freq); optional final logit soft
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -19,7 +18,7 @@ from engine.models.config import ModelConfig
 from engine.models.gemma_config import GemmaOptions
 from engine.models.llama import DecoderLayer, LlamaForCausalLM, RowOps, _param
 from engine.models.packed_linear import linear
-from engine.models.rope import RotaryEmbedding, apply_rope
+from engine.models.rope import apply_rope
 
 
 def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -40,15 +39,13 @@ class GemmaDecoderLayer(DecoderLayer):
     def __init__(
         self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device
     ) -> None:
-        super().__init__(config, dtype, device)
+        super().__init__(config, dtype, device, config.layer_windows[index])
         c, f32 = config, {"dtype": torch.float32, "device": device}
         for name in GemmaForCausalLM.layer_norms:  # (1 + w) in float32 once loaded
             size = c.head_dim if name in ("q_norm", "k_norm") else c.hidden_size
             setattr(self, name, _param(size, **f32))
         self.options = GemmaOptions.from_hf(c.raw)
         self.scale = self.options.query_pre_attn_scalar**-0.5
-        self.sliding = c.raw["layer_types"][index] == "sliding_attention"
-        self.window = c.layer_windows[index]
 
     def forward(
         self,
@@ -72,7 +69,7 @@ class GemmaDecoderLayer(DecoderLayer):
         )
         qk = apply_rope(qk, cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        o = attn.forward(q, k, v, k_cache, v_cache, plan, self.scale)  # TODO window
+        o = attn.forward(q, k, v, k_cache, v_cache, plan, self.scale, self.window)
         o = linear(o.view(t, self.q_size), self.o_proj, self.o_bias, packed.get("o_proj"))
         h = h + _rows_norm(ops, o, self.post_attention_layernorm, eps)
         x = _rows_norm(ops, h, self.pre_feedforward_layernorm, eps)
@@ -107,8 +104,6 @@ class GemmaForCausalLM(LlamaForCausalLM):
         self.options = GemmaOptions.from_hf(config.raw)
         scale = torch.tensor(config.hidden_size**0.5)  # float32, then the model dtype, like HF
         self.embed_scale = scale.to(dtype=dtype, device=device)
-        local = dataclasses.replace(config, rope=config.local_rope or config.rope)
-        self.local_rope = RotaryEmbedding(local, dtype, device)
 
     def make_layer(
         self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device
@@ -132,14 +127,10 @@ class GemmaForCausalLM(LlamaForCausalLM):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         h = F.embedding(input_ids, self.embed_tokens) * self.embed_scale  # [T, hidden]
-        ropes = {
-            False: self.rope.lookup(positions, meta.max_seqlen_k),
-            True: self.local_rope.lookup(positions, meta.max_seqlen_k),
-        }
+        ropes = self.ropes.lookup(positions, meta.max_seqlen_k)  # local ones on sliding layers
         plan = self.attention.plan(meta)
         ops = self.row_ops
-        for i, layer in enumerate(self.layers):
-            cos, sin = ropes[layer.sliding]
+        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, ropes, strict=True)):
             h = layer(h, cos, sin, kv_cache[i, 0], kv_cache[i, 1], plan, self.attention, ops)
         return _rows_norm(ops, h, self.norm, self.config.rms_norm_eps)
 
