@@ -108,3 +108,23 @@ def test_a_gemma3_multimodal_folder_serves_its_text_model(tmp_path):
     assert isinstance(ours, GemmaForCausalLM)
     ids = torch.randint(0, VOCAB, (7,), generator=torch.Generator().manual_seed(3)).tolist()
     assert_close(run_steps(ours, [ids]), hf_logits(hf, ids))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_deterministic_mode_serves_head_dim_256_bit_exact(make_llm, tmp_path, dtype):
+    """Deterministic mode (the native prefill kernel for every token) at Gemma 3's head dim 256,
+    prompts past the window sharing a head: batch size, chunk size and cache hits change no bit."""
+    from tests.engine.test_invariance import answers, prompts_sharing_a_head
+
+    _, path = make_tiny_gemma(tmp_path / "g", "d256-pattern")
+    prompts = prompts_sharing_a_head(6, 40, 250)
+
+    def make(**settings) -> LLM:
+        return make_llm(path, dtype=dtype, num_blocks=512, deterministic=True, **settings)
+
+    want = answers(make(enable_prefix_caching=False), prompts)
+    assert len({tuple(lp) for _, lp in want}) == len(want)  # distinct answers: a real check
+    assert answers(make(max_num_seqs=1, max_num_batched_tokens=16), prompts) == want
+    llm = make(max_num_seqs=6)
+    assert answers(llm, prompts) == want  # cold
+    assert answers(llm, prompts) == want  # device-tree hits, past the window
