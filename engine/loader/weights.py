@@ -21,7 +21,11 @@ _TEXT_PREFIXES = (
     ("model.language_model.", "model."),
     ("language_model.lm_head.", "lm_head."),
 )
-_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_")
+_VISION = tuple(
+    prefix + name
+    for prefix in ("", "model.")
+    for name in ("vision_tower.", "multi_modal_projector.")
+)
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _SAMPLE_CHUNKS, _CHUNK = 8, 1 << 16
 

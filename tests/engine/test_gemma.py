@@ -128,3 +128,16 @@ def test_deterministic_mode_serves_head_dim_256_bit_exact(make_llm, tmp_path, dt
     llm = make(max_num_seqs=6)
     assert answers(llm, prompts) == want  # cold
     assert answers(llm, prompts) == want  # device-tree hits, past the window
+
+
+def test_bfloat16_tracks_the_float32_reference(gemma):
+    """The bf16 serving path (norms in float32, native kernels where they build) past the window
+    against transformers in float32."""
+    hf, path, window = gemma
+    ours = load_model(path, torch.bfloat16, "cpu")
+    ids = torch.randint(0, VOCAB, (3 * window,), generator=torch.Generator().manual_seed(5))
+    ids = ids.tolist()
+    steps = [ids[: window + 1], ids[window + 1 : 2 * window], *[[t] for t in ids[2 * window :]]]
+    ref = hf_logits(hf, ids)
+    scale = ref.abs().max().item()
+    torch.testing.assert_close(run_steps(ours, steps).float(), ref, rtol=0.0, atol=0.08 * scale)
