@@ -126,3 +126,19 @@ def test_deterministic_mode_on_off_agree_under_a_window(make_llm, windowed_model
         )
         assert answers(llm, prompts) == want, (batch, chunk, "cold")
         assert answers(llm, prompts) == want, (batch, chunk, "warm")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_deterministic_bfloat16_keeps_its_bits_under_a_window(make_llm, windowed_models, arch):
+    """bf16, where sums in another order show: batch size, chunking and cache hits change no bit
+    of a windowed model's answers (the windowed prefill kernel skips whole 64-key blocks)."""
+    path = windowed_models[arch]
+    prompts = conversations(arch, 11) + [prompt_of(arch, 12, times=12)]  # past a 64-key block
+    settings = {"dtype": "bfloat16", "num_blocks": 512, "deterministic": True}
+    want = answers(make_llm(path, enable_prefix_caching=False, **settings), prompts)
+    assert len({tuple(lp) for _, lp in want}) == len(want)
+    for batch, chunk in ((1, 16), (5, 7), (5, 2048)):
+        llm = make_llm(path, max_num_seqs=batch, max_num_batched_tokens=chunk, **settings)
+        assert answers(llm, prompts) == want, (batch, chunk, "cold")
+        assert answers(llm, prompts) == want, (batch, chunk, "warm")
+        assert llm.engine.admin(CacheStatsOp()).total().hit_tokens > 0

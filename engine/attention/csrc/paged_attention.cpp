@@ -805,15 +805,17 @@ inline void pair_dots(__m512 (&sums)[NR][NC], const uint32_t* const* a, const ui
 template <int64_t NR, int64_t V, int64_t KB2, int64_t D>
 inline void accumulate_values(__m512* acc, const __m512* corr, const uint32_t (*pairs)[KB2],
                               const uint32_t (*vp)[D], int64_t n) {
-  __m512 a[NR][V];
+  constexpr int64_t VC = V < 8 ? V : 8;  // output vectors per pass: NR x VC sums in registers
   const uint32_t* rows[NR];
-  for (int64_t x = 0; x < NR; ++x) {
-    rows[x] = pairs[x];
-    for (int64_t c = 0; c < V; ++c) a[x][c] = _mm512_mul_ps(acc[x * V + c], corr[x]);
+  for (int64_t x = 0; x < NR; ++x) rows[x] = pairs[x];
+  for (int64_t c0 = 0; c0 < V; c0 += VC) {  // head dim 256: two passes over the block's pairs
+    __m512 a[NR][VC];
+    for (int64_t x = 0; x < NR; ++x)
+      for (int64_t c = 0; c < VC; ++c) a[x][c] = _mm512_mul_ps(acc[x * V + c0 + c], corr[x]);
+    pair_dots<NR, VC>(a, rows, vp[0] + c0 * 16, D, n);
+    for (int64_t x = 0; x < NR; ++x)
+      for (int64_t c = 0; c < VC; ++c) acc[x * V + c0 + c] = a[x][c];
   }
-  pair_dots<NR, V>(a, rows, vp[0], D, n);
-  for (int64_t x = 0; x < NR; ++x)
-    for (int64_t c = 0; c < V; ++c) acc[x * V + c] = a[x][c];
 }
 
 template <int64_t D>
