@@ -103,7 +103,9 @@ class ChatTemplates:
     def source_for(self, prompt: ChatPrompt) -> str:
         """The template to render `prompt` with; TemplateError when none can render its tools."""
         if self.default is None:
-            raise TemplateError("This model has no chat template")
+            raise TemplateError(
+                "This model has no chat template (a base model?): use /v1/completions"
+            )
         if not prompt.uses_tools:
             return self.default
         for source in (self.tool_use, self.default):

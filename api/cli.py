@@ -1,5 +1,5 @@
 """`radixcache` command line: `serve` (the HTTP server), `route` (a cache-aware router in front of
-several servers) and `pull` (fetch the default model)."""
+several servers) and `pull` (fetch a named model: the default one or gemma3-270m)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from api.router.config import RouterConfig
 from engine.config import EVICTION_POLICIES, EngineConfig
 from engine.dtypes import AUTO, DTYPES
 from engine.loader.default_model import DEFAULT_MODEL_NAME
+from engine.loader.named_models import NAMED_MODELS
 from radixcache.tier_names import TierName
 from storage.config import DiskFsync, TierConfig, WritePolicy
 
@@ -88,7 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _route_args(route)
     _server_args(route)
-    pull = sub.add_parser("pull", help="download and convert the default model into the cache")
+    pull = sub.add_parser("pull", help="download and convert a named model into the cache")
+    pull.add_argument(
+        "name", nargs="?", default=DEFAULT_MODEL_NAME, choices=sorted(NAMED_MODELS), help="model"
+    )
     pull.add_argument("--cache-dir", type=Path, default=None, help="omitted: the cache folder")
     return parser
 
@@ -98,7 +102,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         default=None,
-        help="Llama-family HF folder; omitted: SmolLM2-135M-Instruct, fetched on first start",
+        help="Llama-family or Gemma 3 HF folder, or a name fetched on first start: "
+        f"{', '.join(sorted(NAMED_MODELS))}; omitted: {DEFAULT_MODEL_NAME}",
     )
     g.add_argument(
         "--served-model-name",
@@ -225,7 +230,8 @@ def _route_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         default=None,
-        help="model folder whose tokenizer the router uses; omitted: the default model",
+        help="model folder (or fetched model name) whose tokenizer the router uses; omitted: "
+        "the default model",
     )
     b = Balance()
     g.add_argument(
@@ -413,10 +419,8 @@ def describe_auth(acfg: Any, host: str) -> str:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from engine.loader import ensure_default_model
-
-    path = ensure_default_model(args.cache_dir or cache_home(), progress=True)
-    print(f"default model ready: {path}")
+    path = NAMED_MODELS[args.name](args.cache_dir or cache_home(), True)
+    print(f"{args.name} ready: {path}")
     return 0
 
 
@@ -425,10 +429,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from api.app import create_app
 
-    if args.model is None:
-        from engine.loader import ensure_default_model
-
-        model_path = ensure_default_model(cache_home(), progress=True)
+    if args.model is None or args.model in NAMED_MODELS:
+        model_path = NAMED_MODELS[args.model or DEFAULT_MODEL_NAME](cache_home(), True)
     else:
         model_path = Path(args.model)
         if not model_path.is_dir():
@@ -466,7 +468,8 @@ def cmd_route(args: argparse.Namespace) -> int:
     from api.router.replicas import ReplicaSpec
 
     # the router runs no model: it only reads the folder's tokenizer (no torch import)
-    folder = Path(args.model) if args.model else cache_home() / "models" / DEFAULT_MODEL_NAME
+    name = args.model or DEFAULT_MODEL_NAME
+    folder = cache_home() / "models" / name if name in NAMED_MODELS else Path(name)
     if not (folder / "tokenizer.json").is_file():
         print(f"radixcache: no tokenizer.json in {folder} (run `radixcache pull`)", file=sys.stderr)
         return 2

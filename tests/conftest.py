@@ -24,6 +24,13 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def windowed_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny Mistral (every layer windowed) and Qwen2 (layer 1 windowed): tests.tiny_models."""
+    root = tmp_path_factory.mktemp("windowed_models")
+    return {arch: make_tiny_model(root / arch, arch) for arch in ("mistral-swa", "qwen2-swa")}
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tiny_models: dict[str, Path]) -> Path:
     return tiny_models["llama"]
 
@@ -33,6 +40,13 @@ def default_model_path() -> Path:
     from engine.loader import ensure_default_model
 
     return ensure_default_model(progress=False)
+
+
+@pytest.fixture(scope="session")
+def gemma_model_path() -> Path:
+    from engine.loader.gemma_model import ensure_gemma_model
+
+    return ensure_gemma_model(progress=False)
 
 
 @pytest.fixture

@@ -33,7 +33,11 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         plan: Any,
         scale: float,
-    ) -> torch.Tensor: ...
+        window: int | None = None,
+    ) -> torch.Tensor:
+        """Attention of q's rows over their sequences' keys (causal); window W: the query at
+        position p attends only keys [max(0, p - W + 1), p] (a sliding-window layer)."""
+        ...
 
 
 def native_prefill_pays(dtype: torch.dtype, flags: frozenset[str]) -> bool:

@@ -84,7 +84,7 @@ class SharedDecodeGroups:
 class NativeKernels:
     """The ops the extension registers (torch.ops.radixcache.*)."""
 
-    PREFILL_HEAD_DIMS = (16, 32, 64, 128)
+    PREFILL_HEAD_DIMS = (16, 32, 64, 128, 256)
 
     @staticmethod
     def has_native_prefill(dtype: torch.dtype) -> bool:
@@ -109,9 +109,10 @@ class NativeKernels:
         seq_lens: torch.Tensor,  # int32 [N]: new token i sits at seq_len - q_len + i
         block_tables: torch.Tensor,  # int32 [N, max_blocks]
         scale: float,
+        window: int | None = None,  # token at p attends keys [max(0, p - window + 1), p]
     ) -> None:
         torch.ops.radixcache.paged_prefill(
-            q, k_cache, v_cache, out, q_starts, q_lens, seq_lens, block_tables, scale
+            q, k_cache, v_cache, out, q_starts, q_lens, seq_lens, block_tables, scale, window
         )
 
     @staticmethod
@@ -128,8 +129,9 @@ class NativeKernels:
         seq_lens: torch.Tensor,  # int32 [N]: keys [0, seq_len) of each sequence
         scale: float,
         shared: SharedDecodeGroups | None = None,
+        window: int | None = None,  # keys [max(0, seq_len - window), seq_len) only; no shared
     ) -> torch.Tensor:  # [N, Hq, D]
-        groups = shared.tensors() if shared is not None else ()
+        offsets, members, blocks = shared.tensors() if shared is not None else (None,) * 3
         return torch.ops.radixcache.paged_decode(
-            q, k_cache, v_cache, block_tables, seq_lens, scale, *groups
+            q, k_cache, v_cache, block_tables, seq_lens, scale, offsets, members, blocks, window
         )

@@ -98,6 +98,17 @@ class TorchAttention:
     def plan(self, meta: AttentionMetadata) -> TorchPlan:
         return build_torch_plan(meta, self.native is not None, self.native_prefill, self.invariant)
 
+    def _windowed(self, plan: TorchPlan, window: int | None) -> tuple[TorchPlan, int | None]:
+        """The plan of a layer with this window (built once per step and window), and the window
+        the kernels still need (None where every key of the step lies within it)."""
+        if window is None or plan.meta is None or window >= plan.meta.max_seqlen_k:
+            return plan, None
+        if window not in plan.windowed:
+            plan.windowed[window] = build_torch_plan(
+                plan.meta, self.native is not None, self.native_prefill, self.invariant, window
+            )
+        return plan.windowed[window], window
+
     def forward(
         self,
         q: torch.Tensor,
@@ -107,12 +118,16 @@ class TorchAttention:
         v_cache: torch.Tensor,
         plan: TorchPlan,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
+        if window is not None and window < 1:
+            raise ValueError(f"sliding window must be at least 1, got {window}")
+        plan, window = self._windowed(plan, window)
         with record_function("attention"):
-            return self._forward(q, k, v, k_cache, v_cache, plan, scale)
+            return self._forward(q, k, v, k_cache, v_cache, plan, scale, window)
 
-    def _forward(self, q, k, v, k_cache, v_cache, plan: TorchPlan, scale: float) -> torch.Tensor:
-        # q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]
+    def _forward(self, q, k, v, k_cache, v_cache, plan: TorchPlan, scale: float, window):
+        # q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; the plan is the window's (_windowed)
         write_kv(k, v, k_cache, v_cache, plan.slot_mapping)
         t, hq, _ = q.shape
         out = torch.empty_like(q)
@@ -127,10 +142,19 @@ class TorchAttention:
         if plan.native_prefill is not None:
             p = plan.native_prefill
             self.native.paged_prefill(
-                q, k_cache, v_cache, out, p.q_starts, p.q_lens, p.seq_lens, p.block_tables, scale
+                q,
+                k_cache,
+                v_cache,
+                out,
+                p.q_starts,
+                p.q_lens,
+                p.seq_lens,
+                p.block_tables,
+                scale,
+                window,
             )
         if isinstance(plan.decode, NativeDecode):
-            self._native_decode(q, k_cache, v_cache, plan.decode, scale, out)
+            self._native_decode(q, k_cache, v_cache, plan.decode, scale, out, window)
         elif plan.decode is not None:
             self._decode(q, k_cache, v_cache, plan.decode, scale, out, lse)
         for group in plan.shared:
@@ -192,10 +216,12 @@ class TorchAttention:
             if lse is not None:
                 lse.index_copy_(0, plan.rows, o_lse)
 
-    def _native_decode(self, q, k_cache, v_cache, plan: NativeDecode, scale: float, out) -> None:
+    def _native_decode(
+        self, q, k_cache, v_cache, plan: NativeDecode, scale: float, out, window
+    ) -> None:
         qd = q[plan.row_slice] if plan.row_slice is not None else q.index_select(0, plan.rows)
         o = self.native.paged_decode(
-            qd, k_cache, v_cache, plan.block_tables, plan.seq_lens, scale, plan.shared
+            qd, k_cache, v_cache, plan.block_tables, plan.seq_lens, scale, plan.shared, window
         )
         if plan.row_slice is not None:
             out[plan.row_slice] = o

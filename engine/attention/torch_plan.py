@@ -71,20 +71,21 @@ class CausalBatch:
 @dataclass
 class PrefillSegment:
     """One sequence with more than one new token and cached keys of its own: q rows
-    [start, end) attend keys [key_start, ctx_len) (keys [0, key_start) via its SharedPrefix)."""
+    [start, end) attend keys [key_start, ctx_len) (keys [0, key_start) via its SharedPrefix, or
+    before the first row's sliding window)."""
 
     start: int
     end: int
     key_start: int
     ctx_len: int
     blocks: BlockRun  # blocks holding keys [key_start, ctx_len)
-    mask: AdditiveMask  # [L, ctx_len - key_start] causal with offset
+    mask: AdditiveMask  # [L, ctx_len - key_start] causal with offset (and windowed)
 
 
 @dataclass
 class DecodePlan:
     """Every sequence with exactly one new token, batched (torch path): its keys
-    [key_start, seq_len) gathered to [B, num_blocks * bs] and masked by length."""
+    [key_start, seq_len) gathered (from key_start's block) to [B, num_blocks * bs] and masked."""
 
     rows: torch.Tensor  # int64 [B]: rows of q
     row_slice: slice | None  # the same rows as a slice when they are contiguous
@@ -128,6 +129,8 @@ class TorchPlan:
     prefills: list[PrefillSegment] = field(default_factory=list)
     decode: DecodePlan | NativeDecode | None = None
     native_prefill: NativePrefill | None = None
+    meta: AttentionMetadata | None = None  # what it was built from
+    windowed: dict[int, TorchPlan] = field(default_factory=dict)  # window -> its plan (lazy)
 
 
 def _shared_prefixes(
@@ -163,11 +166,14 @@ def _shared_prefixes(
     return shared_len, groups
 
 
-def _prefill_segment(start, qlen, slen, key_start, blocks, bs, device) -> PrefillSegment:
+def _prefill_segment(start, qlen, slen, key_start, blocks, bs, device, window) -> PrefillSegment:
     first, last = key_start // bs, -(-slen // bs)
-    key_pos = torch.arange(key_start, slen)
-    query_pos = torch.arange(slen - qlen, slen)
-    mask = AdditiveMask.from_bool(key_pos[None, :] <= query_pos[:, None])
+    key_pos = torch.arange(key_start, slen)[None, :]
+    query_pos = torch.arange(slen - qlen, slen)[:, None]
+    allowed = key_pos <= query_pos
+    if window is not None:
+        allowed &= key_pos > query_pos - window
+    mask = AdditiveMask.from_bool(allowed)
     mask.float32 = mask.float32.to(device)
     run = BlockRun.of(blocks[first:last], device)
     return PrefillSegment(start, start + qlen, key_start, slen, run, mask)
@@ -189,14 +195,19 @@ def _causal_batches(starts_by_len: dict[int, list[int]], device) -> list[CausalB
 
 def _decode_plan(decodes, cu, seq_lens, key_starts, tables, bs, device) -> DecodePlan:
     token_rows = cu[decodes]
+    # gathered from key_start's block: keys [key_start, seq_len) sit at [off, off + lens)
+    off = np.asarray([key_starts[b] % bs for b in decodes])
     lens = np.asarray([seq_lens[b] - key_starts[b] for b in decodes])
-    nb = int(-(-lens.max() // bs))
+    nb = int(-(-(off + lens).max() // bs))
     table = np.zeros((len(decodes), nb), dtype=np.int64)
     for i, b in enumerate(decodes):
         blocks = tables[b][key_starts[b] // bs : key_starts[b] // bs + nb]
         table[i, : len(blocks)] = blocks
     contiguous = token_rows[-1] - token_rows[0] == len(decodes) - 1
-    allowed = torch.arange(nb * bs)[None, :] < torch.from_numpy(lens)[:, None]
+    index = torch.arange(nb * bs)[None, :]
+    allowed = (index >= torch.from_numpy(off)[:, None]) & (
+        index < torch.from_numpy(off + lens)[:, None]
+    )
     mask = AdditiveMask.from_bool(allowed.view(len(decodes), 1, 1, nb * bs))
     mask.float32 = mask.float32.to(device)
     return DecodePlan(
@@ -208,13 +219,17 @@ def _decode_plan(decodes, cu, seq_lens, key_starts, tables, bs, device) -> Decod
     )
 
 
-def _native_decode(decodes, cu, meta: AttentionMetadata, device) -> NativeDecode:
+def _native_decode(decodes, cu, meta: AttentionMetadata, device, share: bool) -> NativeDecode:
+    """share: group sequences by shared leading blocks (never under a window: a shared prefix
+    is attended whole)."""
     token_rows = cu[decodes]
     contiguous = token_rows[-1] - token_rows[0] == len(decodes) - 1
     index = torch.from_numpy(np.asarray(decodes, dtype=np.int64)).to(device)
     seq_lens = [meta.seq_lens_list[b] for b in decodes]
     tables = [meta.block_tables_list[b] for b in decodes]
-    _, groups = _shared_prefixes([1] * len(decodes), seq_lens, tables, meta.block_size, 1)
+    groups = []
+    if share:
+        _, groups = _shared_prefixes([1] * len(decodes), seq_lens, tables, meta.block_size, 1)
     shared = None
     if groups:
         offsets = np.cumsum([0] + [len(members) for members, _ in groups], dtype=np.int32)
@@ -248,16 +263,20 @@ def build_torch_plan(
     native_decode: bool,
     native_prefill: bool = False,
     invariant: bool = False,
+    window: int | None = None,
 ) -> TorchPlan:
     """native_decode: decode tokens go to the native kernel (all their keys, in place) and take
     no part in shared-prefix groups; otherwise they are batched, gathered and masked in torch.
     native_prefill: so do the sequences with more than one new token (the prefill kernel).
     invariant (with native_prefill): every token goes to the prefill kernel, whose per-query sums
     run over fixed 64-key tiles from position 0: a token's attention is then the same bits
-    whether it was decoded, prefilled in any chunk, or is the one uncached token of a hit."""
+    whether it was decoded, prefilled in any chunk, or is the one uncached token of a hit.
+    window: the plan of a sliding-window layer (the native kernels take the window; the torch
+    path attends each sequence's keys from its first row's window start, masked): no shared
+    prefixes, no batched fresh prefills."""
     query_lens, seq_lens, bs = meta.query_lens, meta.seq_lens_list, meta.block_size
     tables, device = meta.block_tables_list, meta.slot_mapping.device
-    plan = TorchPlan(meta.slot_mapping)
+    plan = TorchPlan(meta.slot_mapping, meta=meta)
     if native_prefill:
         cu = np.zeros(len(query_lens) + 1, dtype=np.int64)
         np.cumsum(query_lens, out=cu[1:])
@@ -269,11 +288,15 @@ def build_torch_plan(
         if prefills:
             plan.native_prefill = _native_prefill(prefills, cu, meta, device)
         if decodes:
-            plan.decode = _native_decode(decodes, cu, meta, device)
+            plan.decode = _native_decode(decodes, cu, meta, device, share=window is None)
         return plan
-    key_starts, groups = _shared_prefixes(
-        query_lens, seq_lens, tables, bs, min_query_len=2 if native_decode else 1
-    )
+    if window is None:
+        key_starts, groups = _shared_prefixes(
+            query_lens, seq_lens, tables, bs, min_query_len=2 if native_decode else 1
+        )
+    else:  # keys before the first new token's window are never read
+        key_starts = [max(0, s - q - window + 1) for q, s in zip(query_lens, seq_lens, strict=True)]
+        groups = []
     cu = np.zeros(len(query_lens) + 1, dtype=np.int64)
     np.cumsum(query_lens, out=cu[1:])
     for members, blocks in groups:
@@ -289,14 +312,16 @@ def build_torch_plan(
     for b, (qlen, slen) in enumerate(zip(query_lens, seq_lens, strict=True)):
         if qlen == 1:
             decodes.append(b)
-        elif qlen > 1 and slen - key_starts[b] == qlen:  # its only other keys: its new tokens
-            causal_starts.setdefault(qlen, []).append(int(cu[b]))
+        elif qlen > 1 and slen - key_starts[b] == qlen and window is None:
+            causal_starts.setdefault(qlen, []).append(int(cu[b]))  # its only keys: its new tokens
         elif qlen > 1:
-            seg = _prefill_segment(int(cu[b]), qlen, slen, key_starts[b], tables[b], bs, device)
+            seg = _prefill_segment(
+                int(cu[b]), qlen, slen, key_starts[b], tables[b], bs, device, window
+            )
             plan.prefills.append(seg)
     plan.causal = _causal_batches(causal_starts, device)
     if decodes and native_decode:
-        plan.decode = _native_decode(decodes, cu, meta, device)
+        plan.decode = _native_decode(decodes, cu, meta, device, share=window is None)
     elif decodes:
         plan.decode = _decode_plan(decodes, cu, seq_lens, key_starts, tables, bs, device)
     return plan

@@ -21,9 +21,10 @@ class TritonAttention:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         # q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        paged_attention(q, k_cache, v_cache, out, meta, scale)
+        paged_attention(q, k_cache, v_cache, out, meta, scale, window)
         return out

@@ -43,6 +43,7 @@ def _paged_attention_kernel(
     seq_lens_ptr,
     block_tables_ptr,
     scale,
+    window,  # sliding window (keys kv_idx > q_idx - window); 0: all keys
     stride_qt,
     stride_qh,
     stride_ot,
@@ -77,10 +78,13 @@ def _paged_attention_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        # keys [0, kv_end): what the last row of this block may see
+        # keys [kv_start, kv_end): what the rows of this block may see (kv_start: the first
+        # row's window start, rounded down to a whole BLOCK_N)
         kv_end = tl.minimum(ctx, ctx - q_len + (mb + 1) * BLOCK_M)
+        first_start = tl.maximum(ctx - q_len + mb * BLOCK_M - window + 1, 0)
+        kv_start = tl.where(window > 0, first_start // BLOCK_N * BLOCK_N, 0)
         row = NUM_KV_HEADS * HEAD_DIM
-        for n in range(0, kv_end, BLOCK_N):
+        for n in range(kv_start, kv_end, BLOCK_N):
             offs_n = n + tl.arange(0, BLOCK_N)
             n_mask = offs_n < kv_end
             blk = tl.load(
@@ -96,6 +100,7 @@ def _paged_attention_kernel(
                 s = tl.dot(q, tl.trans(k))
             s = s * scale
             allowed = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+            allowed = allowed & ((offs_n[None, :] > q_pos[:, None] - window) | (window == 0))
             s = tl.where(allowed, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -145,8 +150,13 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping: torch.Tensor) -> None:
     )
 
 
-def paged_attention(q, k_cache, v_cache, out, meta, scale: float) -> None:
-    """out [T, Hq, D] <- attention of q [T, Hq, D] over each sequence's cached keys (causal)."""
+def paged_attention(
+    q, k_cache, v_cache, out, meta, scale: float, window: int | None = None
+) -> None:
+    """out [T, Hq, D] <- attention of q [T, Hq, D] over each sequence's cached keys (causal);
+    window W: the row at position p attends keys [max(0, p - W + 1), p] only."""
+    if window is not None and window < 1:
+        raise ValueError(f"sliding window must be at least 1, got {window}")
     q = _rows(q)
     t, hq, d = q.shape
     num_seqs = meta.seq_lens.shape[0]
@@ -164,6 +174,7 @@ def paged_attention(q, k_cache, v_cache, out, meta, scale: float) -> None:
         meta.seq_lens,
         meta.block_tables,
         scale,
+        window or 0,
         q.stride(0),
         q.stride(1),
         out.stride(0),

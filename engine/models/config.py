@@ -7,7 +7,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+from engine.models.gemma_config import GEMMA_MODEL_TYPES, flatten_gemma
+from engine.models.layer_types import (
+    FULL,
+    SLIDING,
+    has_local_rope,
+    layer_windows,
+    rope_parameters,
+)
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *GEMMA_MODEL_TYPES)
+_ACTIVATIONS = {"gemma3_text": ("gelu_pytorch_tanh",)}  # others: ("silu", "swish")
+_DEFAULT_THETA = {"gemma3_text": 1_000_000.0}  # transformers' default where config.json has none
 
 
 @dataclass(frozen=True)
@@ -27,21 +38,20 @@ class RopeConfig:
     partial_rotary_factor: float = 1.0
 
     @staticmethod
-    def from_hf(raw: dict[str, Any]) -> RopeConfig:
-        params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-        theta = params.pop("rope_theta", None) or raw.get("rope_theta", 10000.0)
+    def from_hf(raw: dict[str, Any], layer_type: str = FULL) -> RopeConfig:
+        """The rope of full-attention layers (FULL), or of windowed ones (SLIDING) where the
+        config gives them their own (Gemma 3: rope_local_base_freq)."""
+        params = rope_parameters(raw, layer_type)
+        if layer_type == FULL:
+            fallback = raw.get("rope_theta", _DEFAULT_THETA.get(raw.get("model_type"), 10000.0))
+        else:
+            fallback = raw.get("rope_local_base_freq", 10000.0)
+        theta = params.pop("rope_theta", None) or fallback
         rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
         names = RopeConfig.__dataclass_fields__
         kwargs = {k: v for k, v in params.items() if k in names and v is not None}
         kwargs.setdefault("partial_rotary_factor", raw.get("partial_rotary_factor") or 1.0)
         return RopeConfig(theta=float(theta), rope_type=str(rope_type), **kwargs)
-
-
-def _sliding_window(raw: dict[str, Any]) -> int | None:
-    window = raw.get("sliding_window")
-    if window is None or (raw.get("model_type") == "qwen2" and not raw.get("use_sliding_window")):
-        return None
-    return int(window)
 
 
 @dataclass(frozen=True)
@@ -62,13 +72,40 @@ class ModelConfig:
     o_proj_bias: bool  # Llama's attention_bias also puts a bias on o_proj
     mlp_bias: bool
     qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k before RoPE
-    # Mistral/Qwen2 sliding-window attention is not implemented: the engine must not serve
-    # sequences longer than this (None: full attention)
-    sliding_window: int | None = None
+    # per layer: None = full causal attention, W = the query at p attends keys
+    # [max(0, p - W + 1), p] (engine/models/layer_types.py); () = all full
+    layer_windows: tuple[int | None, ...] = ()
+    local_rope: RopeConfig | None = None  # the rope of windowed layers, where it differs (Gemma 3)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.layer_windows:
+            object.__setattr__(self, "layer_windows", (None,) * self.num_hidden_layers)
+        if len(self.layer_windows) != self.num_hidden_layers:
+            raise ValueError(
+                f"layer_windows has {len(self.layer_windows)} entries for "
+                f"{self.num_hidden_layers} layers"
+            )
+
+    @property
+    def has_windows(self) -> bool:
+        """Whether any layer attends through a sliding window."""
+        return any(w is not None for w in self.layer_windows)
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The largest window of any layer (None: every layer attends all keys)."""
+        return max((w for w in self.layer_windows if w is not None), default=None)
+
+    def layer_rope(self, layer: int) -> RopeConfig:
+        """The rope layer `layer` rotates q and k with: local_rope on windowed layers where the
+        config has one, else rope."""
+        if self.local_rope is not None and self.layer_windows[layer] is not None:
+            return self.local_rope
+        return self.rope
 
     @property
     def q_size(self) -> int:
@@ -83,8 +120,11 @@ class ModelConfig:
         model_type = raw.get("model_type", "llama")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"unsupported model_type {model_type!r}; want {SUPPORTED_MODEL_TYPES}")
+        if model_type in GEMMA_MODEL_TYPES:
+            raw = flatten_gemma(raw)
+            model_type = raw["model_type"]
         act = raw.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
+        if act not in _ACTIVATIONS.get(model_type, ("silu", "swish")):
             raise ValueError(f"unsupported hidden_act {act!r}")
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
@@ -107,8 +147,9 @@ class ModelConfig:
             attention_bias=bias or model_type == "qwen2",
             o_proj_bias=bias and model_type != "qwen2",
             mlp_bias=bool(raw.get("mlp_bias", False)),
-            qk_norm=model_type == "qwen3",
-            sliding_window=_sliding_window(raw),
+            qk_norm=model_type in ("qwen3", "gemma3_text"),
+            layer_windows=layer_windows(raw),
+            local_rope=RopeConfig.from_hf(raw, SLIDING) if has_local_rope(raw) else None,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),

@@ -15,7 +15,7 @@ from engine.attention import AttentionBackend, AttentionMetadata, make_attention
 from engine.attention.native import NativeKernels, load_native
 from engine.models.config import ModelConfig
 from engine.models.packed_linear import PackedWeight, linear, pack_weight
-from engine.models.rope import RotaryEmbedding, apply_rope
+from engine.models.rope import LayerRopes, apply_rope
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -50,9 +50,12 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Paramete
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, config: ModelConfig, dtype: torch.dtype, device: torch.device, window: int | None
+    ) -> None:
         super().__init__()
         c, kw = config, {"dtype": dtype, "device": device}
+        self.window = window  # sliding window of this layer's attention (None: all keys)
         self.num_heads, self.num_kv_heads, self.head_dim = (
             c.num_attention_heads,
             c.num_key_value_heads,
@@ -105,7 +108,7 @@ class DecoderLayer(nn.Module):
             qk = torch.cat([q, k], dim=1)
         qk = apply_rope(qk, cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        o = attn.forward(q, k, v, k_cache, v_cache, plan, self.scale)
+        o = attn.forward(q, k, v, k_cache, v_cache, plan, self.scale, self.window)
         h = h + linear(o.view(t, self.q_size), self.o_proj, self.o_bias, packed.get("o_proj"))
         x = ops.rms_norm(h, self.post_attention_layernorm, self.eps)
         gate_up = linear(x, self.gate_up_proj, self.gate_up_bias, packed.get("gate_up_proj"))
@@ -131,7 +134,7 @@ class LlamaForCausalLM(nn.Module):
         kw = {"dtype": dtype, "device": device}
         self.embed_tokens = _param(config.vocab_size, config.hidden_size, **kw)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers)
+            self.make_layer(config, i, dtype, device) for i in range(config.num_hidden_layers)
         )
         self.norm = _param(config.hidden_size, **kw)
         self.lm_head = (
@@ -141,11 +144,21 @@ class LlamaForCausalLM(nn.Module):
         )
         self.packed_lm_head: PackedWeight | None = None
         self.invariant = invariant  # packed matmuls capped to row counts that keep rows' bits
-        self.rope = RotaryEmbedding(config, dtype, device)
+        self.ropes = LayerRopes(config, dtype, device)
         self.row_ops = RowOps.for_device(device)
         self.attention = attention or make_attention_backend(
             device, dtype=dtype, head_dim=config.head_dim, invariant=invariant
         )
+
+    layer_norms = ("input_layernorm", "post_attention_layernorm", "q_norm", "k_norm")
+
+    def make_layer(
+        self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device
+    ) -> DecoderLayer:
+        return DecoderLayer(config, dtype, device, config.layer_windows[index])
+
+    def finish_load(self) -> None:
+        """Called once the checkpoint's tensors are in (a model that derives weights from them)."""
 
     @torch.inference_mode()
     def forward(
@@ -156,10 +169,10 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         h = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
-        cos, sin = self.rope.lookup(positions, meta.max_seqlen_k)
+        ropes = self.ropes.lookup(positions, meta.max_seqlen_k)
         plan = self.attention.plan(meta)
         ops = self.row_ops
-        for i, layer in enumerate(self.layers):
+        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, ropes, strict=True)):
             h = layer(h, cos, sin, kv_cache[i, 0], kv_cache[i, 1], plan, self.attention, ops)
         return ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
 

@@ -62,13 +62,15 @@ def _yarn_inv_freq(rope: RopeConfig, dim: int, max_pos: int) -> tuple[torch.Tens
     return inv_freq, float(attention_factor)
 
 
-def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
-    """(inv_freq [rotary_dim / 2] float32, scaling of cos/sin) for the config's rope_type.
+def rope_inv_freq(
+    config: ModelConfig, rope: RopeConfig | None = None
+) -> tuple[torch.Tensor, float]:
+    """(inv_freq [rotary_dim / 2] float32, scaling of cos/sin) for rope (default: config.rope).
 
     "dynamic" (NTK) equals "default" for positions below max_position_embeddings, which is the
     range the engine serves; it is treated as "default" (no per-batch base change).
     """
-    rope = config.rope
+    rope = rope or config.rope
     dim = int(config.head_dim * rope.partial_rotary_factor)
     if rope.rope_type in ("default", "dynamic"):
         return _default_inv_freq(rope, dim), 1.0
@@ -88,8 +90,14 @@ class RotaryEmbedding:
     head is x * cos + [-x2, x1] * sin on the rotary dims, and the identity on the others.
     """
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
-        self.inv_freq, self.scaling = rope_inv_freq(config)
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        rope: RopeConfig | None = None,  # default: config.rope
+    ) -> None:
+        self.inv_freq, self.scaling = rope_inv_freq(config, rope)
         self.inv_freq = self.inv_freq.to(device)
         self.head_dim = config.head_dim
         self.dtype = dtype
@@ -117,6 +125,24 @@ class RotaryEmbedding:
         """cos [T, 1, head_dim], sin [T, 1, rotary_dim / 2] for positions [T] (< max_position)."""
         self.ensure(max_position)
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+class LayerRopes:
+    """One cos/sin table per distinct rope of the layers (config.layer_rope): Llama-family
+    models have one; Gemma 3 a second, local one for its windowed layers."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        ropes = [config.layer_rope(i) for i in range(config.num_hidden_layers)]
+        self.tables = {r: RotaryEmbedding(config, dtype, device, r) for r in dict.fromkeys(ropes)}
+        self.layer_table = [list(self.tables).index(r) for r in ropes]
+
+    def lookup(
+        self, positions: torch.Tensor, max_position: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, its (cos, sin) for positions [T] (RotaryEmbedding.lookup), each table's
+        looked up once."""
+        found = [table.lookup(positions, max_position) for table in self.tables.values()]
+        return [found[i] for i in self.layer_table]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

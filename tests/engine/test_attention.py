@@ -50,7 +50,8 @@ def make_batch(seed, query_lens, prefix_lens, block_size, hq, hkv, d, groups=Non
     return q, k, v, k_cache, v_cache, tables, full_k, full_v
 
 
-def dense_reference(q, full_k, full_v, query_lens, scale):
+def dense_reference(q, full_k, full_v, query_lens, scale, window=None):
+    """window W: the query at position p attends keys [max(0, p - W + 1), p] only."""
     out, start = [], 0
     for qlen, fk, fv in zip(query_lens, full_k, full_v, strict=True):
         qs = q[start : start + qlen].double()
@@ -59,7 +60,10 @@ def dense_reference(q, full_k, full_v, query_lens, scale):
         vs = fv.double().repeat_interleave(group, 1)
         s = torch.einsum("qhd,khd->hqk", qs, ks) * scale
         n = fk.shape[0]
-        allowed = torch.arange(n)[None, :] <= torch.arange(n - qlen, n)[:, None]
+        key_pos, query_pos = torch.arange(n)[None, :], torch.arange(n - qlen, n)[:, None]
+        allowed = key_pos <= query_pos
+        if window is not None:
+            allowed &= key_pos > query_pos - window
         s = s.masked_fill(~allowed, float("-inf"))
         out.append(torch.einsum("hqk,khd->qhd", s.softmax(-1), vs))
         start += qlen
@@ -90,8 +94,11 @@ def native_module():
     return module
 
 
-def run_case(case, dtype=torch.float32, ordered=False, native=None, native_prefill=False):
-    """native: None (pure torch) or the compiled kernels; native_prefill: bf16 prefill kernel."""
+def run_case(
+    case, dtype=torch.float32, ordered=False, native=None, native_prefill=False, window=None
+):
+    """native: None (pure torch) or the compiled kernels; native_prefill: bf16 prefill kernel;
+    window: a sliding-window layer's attention."""
     query_lens, prefix_lens, bs, hq, hkv, d, groups = case
     q, k, v, k_cache, v_cache, tables, full_k, full_v = make_batch(
         len(query_lens), query_lens, prefix_lens, bs, hq, hkv, d, groups, ordered
@@ -102,8 +109,8 @@ def run_case(case, dtype=torch.float32, ordered=False, native=None, native_prefi
     args = [x.to(dtype) for x in (q, k, v, k_cache, v_cache)]
     backend = TorchAttention(native, native_prefill)
     plan = backend.plan(meta)
-    out = backend.forward(*args, plan, scale)
-    ref = dense_reference(q, full_k, full_v, query_lens, scale)
+    out = backend.forward(*args, plan, scale, window)
+    ref = dense_reference(q, full_k, full_v, query_lens, scale, window)
     return out, ref, plan, args
 
 

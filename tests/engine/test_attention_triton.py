@@ -21,6 +21,7 @@ from engine.attention import build_attention_metadata
 from engine.kv_cache import KVCache
 
 from .test_attention import CASES, dense_reference, make_batch
+from .test_attention_window import WINDOW_CASES, assert_window_matters
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +33,7 @@ TRITON_CASES = [
 ]
 
 
-def check_case(kernels, case):
+def check_case(kernels, case, window=None):
     query_lens, prefix_lens, bs, hq, hkv, d, groups = case
     q, k, v, k_cache, v_cache, tables, full_k, full_v = make_batch(
         len(query_lens), query_lens, prefix_lens, bs, hq, hkv, d, groups
@@ -43,9 +44,11 @@ def check_case(kernels, case):
     torch.testing.assert_close(k_cache.view(-1, hkv, d)[meta.slot_mapping], k)
     torch.testing.assert_close(v_cache.view(-1, hkv, d)[meta.slot_mapping], v)
     out = torch.empty_like(q)
-    kernels.paged_attention(q, k_cache, v_cache, out, meta, d**-0.5)
-    ref = dense_reference(q, full_k, full_v, query_lens, d**-0.5)
+    kernels.paged_attention(q, k_cache, v_cache, out, meta, d**-0.5, window)
+    ref = dense_reference(q, full_k, full_v, query_lens, d**-0.5, window)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    if window is not None:
+        assert_window_matters(case, window, ref)
 
 
 def check_store_kv_from_strided_views(kernels):
@@ -74,7 +77,8 @@ def check_float16(kernels):
     torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
 
 
-def check_model_with_triton_backend(kernels):
+def check_model_with_triton_backend(kernels, window=None):
+    """The Qwen3 shapes; window: a Mistral of that sliding window instead."""
     import tempfile
 
     import transformers
@@ -82,7 +86,7 @@ def check_model_with_triton_backend(kernels):
     from engine.attention import TorchAttention, compute_positions
     from engine.loader import load_model
 
-    config = transformers.Qwen3Config(
+    shapes = dict(
         hidden_size=32,
         intermediate_size=48,
         num_hidden_layers=2,
@@ -92,6 +96,10 @@ def check_model_with_triton_backend(kernels):
         vocab_size=64,
         max_position_embeddings=128,
     )
+    if window is None:
+        config = transformers.Qwen3Config(**shapes)
+    else:
+        config = transformers.MistralConfig(**shapes, sliding_window=window)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp)
@@ -101,10 +109,10 @@ def check_model_with_triton_backend(kernels):
         def plan(self, meta):
             return meta
 
-        def forward(self, q, k, v, k_cache, v_cache, meta, scale):
+        def forward(self, q, k, v, k_cache, v_cache, meta, scale, window=None):
             kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             out = torch.empty_like(q)
-            kernels.paged_attention(q, k_cache, v_cache, out, meta, scale)
+            kernels.paged_attention(q, k_cache, v_cache, out, meta, scale, window)
             return out
 
     steps = [([9, 4], [9, 4]), ([1, 6], [10, 10]), ([1, 1], [11, 11])]
@@ -129,9 +137,15 @@ CHECKS = {
         f"case{i}": (lambda kernels, c=case: check_case(kernels, c))
         for i, case in enumerate(TRITON_CASES)
     },
+    **{
+        f"window{w}-case{i}": (lambda kernels, c=WINDOW_CASES[i], w=w: check_case(kernels, c, w))
+        for i, w in [(0, 5), (0, 16), (1, 1), (1, 8), (2, 16), (5, 67), (6, 8)]
+    },
+    "head_dim256": lambda kernels: check_case(kernels, WINDOW_CASES[6]),
     "store_kv_strided": check_store_kv_from_strided_views,
     "float16": check_float16,
     "model_triton_vs_torch": check_model_with_triton_backend,
+    "model_triton_vs_torch_window": lambda kernels: check_model_with_triton_backend(kernels, 4),
 }
 
 

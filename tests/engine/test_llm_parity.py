@@ -61,3 +61,43 @@ def test_default_model_matches_transformers(default_model_path):
         [{"role": "user", "content": "What is the capital of France?"}]
     )
     _check(default_model_path, [prompt], steps=8, block_size=16, atol=2e-3)
+
+
+def long_text(lines: int) -> str:
+    colors = ["red", "green", "blue", "amber", "violet", "grey", "white"]
+    animals = ["fox", "owl", "cat", "heron", "mole", "wren", "hare", "lynx", "crab", "eel", "yak"]
+    return " ".join(
+        f"Line {i}: the {colors[i % 7]} {animals[i % 11]} jumps over {i * 7 % 13} fences."
+        for i in range(lines)
+    )
+
+
+@pytest.mark.slow
+def test_gemma3_270m_matches_transformers_past_its_window(gemma_model_path):
+    """Real Gemma 3 weights, a prompt past the 512-token window of its sliding layers, prefilled
+    in chunks that cross it: 16 greedy tokens equal transformers' and logprobs close."""
+    from engine.loader import load_tokenizer
+
+    prompt = load_tokenizer(gemma_model_path).encode(long_text(56))
+    assert 700 < len(prompt) < 1024, len(prompt)
+    steps = 16
+    llm = LLM(
+        str(gemma_model_path),
+        dtype="float32",
+        num_blocks=128,
+        block_size=16,
+        max_num_batched_tokens=192,
+    )
+    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True, logprobs=3)
+    got = llm.generate([prompt], params)[0].outputs[0]
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(gemma_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        ref = hf.eval().generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)
+        ref_lps = torch.log_softmax(hf(ref[:, :-1]).logits[0, len(prompt) - 1 :].float(), -1)
+    assert got.token_ids == ref[0, len(prompt) :].tolist()
+    for step, ref in enumerate(ref_lps):
+        assert got.logprobs[step] == pytest.approx(float(ref.max()), abs=2e-3)
+        for tok, lp in got.top_logprobs[step].items():
+            assert lp == pytest.approx(float(ref[tok]), abs=2e-3)

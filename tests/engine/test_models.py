@@ -42,6 +42,13 @@ CONFIGS = {
     "qwen2": (transformers.Qwen2Config, dict(tie_word_embeddings=False)),
     "qwen3": (transformers.Qwen3Config, dict(head_dim=32, tie_word_embeddings=True)),
     "mistral": (transformers.MistralConfig, dict(rope_theta=1e4, sliding_window=None)),
+    # sliding windows shorter than the prompts: every layer; layer 1 only; head dim 256
+    "mistral-window": (transformers.MistralConfig, dict(rope_theta=1e4, sliding_window=8)),
+    "qwen2-window": (
+        transformers.Qwen2Config,
+        dict(use_sliding_window=True, sliding_window=11, max_window_layers=1),
+    ),
+    "mistral-window-d256": (transformers.MistralConfig, dict(head_dim=256, sliding_window=9)),
 }
 
 
@@ -86,6 +93,27 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
 def assert_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
     scale = ref.abs().max().item()
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_windowed_configs_are_not_full_attention(pair):
+    """The same weights with the window widened past the prompt answer otherwise, so the
+    windowed configs' parity below is the window's."""
+    hf, ours = pair
+    window = getattr(hf.config, "sliding_window", None)
+    if not ours.config.has_windows:
+        assert window is None
+        return
+    types = getattr(hf.config, "layer_types", None) or ["sliding_attention"] * 2  # Mistral: all
+    assert ours.config.layer_windows == tuple(
+        window if t == "sliding_attention" else None for t in types
+    )
+    wide = transformers.AutoModelForCausalLM.from_config(
+        type(hf.config)(**{**hf.config.to_dict(), "sliding_window": 10_000}), dtype=torch.float32
+    )
+    wide.load_state_dict(hf.state_dict())
+    ids = torch.randint(0, 160, (30,), generator=torch.Generator().manual_seed(2)).tolist()
+    diff = (hf_logits(hf, ids) - hf_logits(wide.eval(), ids)).abs().amax(-1)
+    assert diff[:window].max() < 1e-4 and diff[window:].min() > 1e-3
 
 
 def test_prefill_logits_match(pair):

@@ -1,6 +1,8 @@
 // Paged attention on CPU, read in place through block tables (no gather, no mask); reference:
 // engine/attention/torch_backend.py. paged_decode: one new token per sequence attends its whole
-// context; paged_prefill: each sequence's new tokens attend their keys causally.
+// context; paged_prefill: each sequence's new tokens attend their keys causally. Both take an
+// optional sliding window W: the token at position p attends keys [max(0, p - W + 1), p] only,
+// and keys before every token's window are not read.
 //
 // q [N, Hq, D], caches [num_blocks, block_size, Hkv, D], block_tables int32 [N, W],
 // seq_lens int32 [N] -> out [N, Hq, D]. One task per (sequence, kv head): its G = Hq / Hkv query
@@ -84,13 +86,14 @@ inline void softmax_rows(float* scores, int64_t group, int64_t len, float* lse) 
   }
 }
 
-// The slots of keys [0, len) of a block table (key t sits at table[t / bs] * bs + t % bs), listed
-// once per task: a division per key and head cost more than the dot products.
-inline const int64_t* list_slots(const int32_t* table, int64_t len, int64_t bs) {
+// The slots of keys [begin, end) of a block table (key t sits at table[t / bs] * bs + t % bs):
+// entry i is key begin + i. Listed once per task: a division per key and head cost more than
+// the dot products.
+inline const int64_t* list_slots(const int32_t* table, int64_t begin, int64_t end, int64_t bs) {
   thread_local std::vector<int64_t> slots;
-  slots.resize(static_cast<size_t>(len));
-  for (int64_t t = 0, blk = 0; t < len; ++blk)
-    for (int64_t o = 0; o < bs && t < len; ++o, ++t) slots[t] = table[blk] * bs + o;
+  slots.resize(static_cast<size_t>(std::max<int64_t>(0, end - begin)));
+  for (int64_t t = begin, i = 0, blk = begin / bs, o = begin % bs; t < end; ++blk, o = 0)
+    for (; o < bs && t < end; ++o, ++t, ++i) slots[i] = table[blk] * bs + o;
   return slots.data();
 }
 
@@ -194,11 +197,12 @@ inline void decode_values(__m512* acc, const float* p, int64_t len, const T* v_h
     for (int64_t c = 0; c < V; ++c) acc[x * V + c] = a[x][c];
 }
 
-// One sequence, kv heads [h0, h1), with 16-float vectors: each slot's rows of those heads are
-// contiguous, so a task streams through whole blocks; every key row is loaded once and dotted
-// with its G query heads. The row one block ahead is prefetched (blocks are scattered).
+// One sequence, kv heads [h0, h1), keys at slots[0, len), with 16-float vectors: each slot's
+// rows of those heads are contiguous, so a task streams through whole blocks; every key row is
+// loaded once and dotted with its G query heads. The row one block ahead is prefetched (blocks
+// are scattered).
 template <typename T, int64_t D>
-void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
+void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const int64_t* slots,
                         int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t h0,
                         int64_t h1, float scale, T* out, float* lse,
                         std::vector<float>& scores) {
@@ -214,7 +218,6 @@ void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const in
       acc[j * V + c] = _mm512_setzero_ps();
     }
   std::vector<float> maxes(static_cast<size_t>(heads), -std::numeric_limits<float>::infinity());
-  const int64_t* slots = list_slots(table, len, bs);
   // scores of 16 keys at a time: one partial-sum vector per (key, query head), then one
   // transposing reduction gives the 16 scores of a head as one vector
   std::vector<__m512> parts(static_cast<size_t>(heads * CHUNK));
@@ -329,7 +332,13 @@ inline float hsum8(__m256 v) {
 // lanes [0, n) set: a blend mask for the first n of 8 values
 inline __m256 first_lanes(int64_t n) {
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  n = std::clamp<int64_t>(n, 0, 8);
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), iota));
+}
+
+// lanes [lo, hi) set
+inline __m256 lanes_in(int64_t lo, int64_t hi) {
+  return _mm256_andnot_ps(first_lanes(lo), first_lanes(hi));
 }
 
 // exp(x) for x <= 0, as exp16: 2^n * p(r) with 2^n built in the exponent bits (n >= -126).
@@ -390,7 +399,7 @@ inline void value_chunk(__m256* const* acc, const float* const* p, const T* v, i
 // chunk and query head gives its 8 scores as one vector; values are summed one block at a time,
 // up to 3 query heads x 16 dims in registers. The block ahead is prefetched.
 template <typename T, int64_t D>
-void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
+void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int64_t* slots,
                       int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t h0, int64_t h1,
                       float scale, T* out, float* lse, std::vector<float>& scores) {
   constexpr int64_t V = D / 8;  // vectors per row
@@ -399,7 +408,6 @@ void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int3
   const int64_t stride = (len + 7) / 8 * 8;  // a score row, padded to whole vectors
   const int64_t span_bytes = (h1 - h0) * D * static_cast<int64_t>(sizeof(T));
   scores.resize(static_cast<size_t>(heads * stride));
-  const int64_t* slots = list_slots(table, len, bs);
   std::vector<__m256> qv(static_cast<size_t>(heads * V)), acc(static_cast<size_t>(heads * V));
   for (int64_t j = 0; j < heads; ++j)
     for (int64_t c = 0; c < V; ++c) {
@@ -446,8 +454,9 @@ void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int3
     if (lse != nullptr) lse[h0 * group + j] = mx + std::log(total);
     inv[j] = 1.f / total;
   }
-  for (int64_t t0 = 0; t0 < len; t0 += bs) {  // one block: keys [t0, t0 + nt)
-    const int64_t nt = std::min(bs, len - t0);
+  // a run of keys [t0, t0 + nt) in one block (the first may start mid-block: a window)
+  for (int64_t t0 = 0, nt = 0; t0 < len; t0 += nt) {
+    nt = std::min(bs - slots[t0] % bs, len - t0);
     for (int64_t i = t0 + bs; i < std::min(t0 + 2 * bs, len); ++i)
       prefetch_row(v_cache + slots[i] * row + h0 * D, span_bytes);
     for (int64_t h = h0; h < h1; ++h)
@@ -476,12 +485,12 @@ void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int3
 }
 #endif
 
-// One (sequence, kv head): q / out are the sequence's [Hq, D] rows; the task's query heads are
-// kvh * group .. (kvh + 1) * group. scores is scratch of group * len floats.
+// One (sequence, kv head), keys at slots[0, len): q / out are the sequence's [Hq, D] rows; the
+// task's query heads are kvh * group .. (kvh + 1) * group. scores is scratch of group * len.
 template <typename T>
-void decode_task(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
-                 int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t D, int64_t kvh,
-                 float scale, T* out, float* lse, std::vector<float>& scores) {
+void decode_task(const T* q, const T* k_cache, const T* v_cache, const int64_t* slots,
+                 int64_t len, int64_t hkv, int64_t group, int64_t D, int64_t kvh, float scale,
+                 T* out, float* lse, std::vector<float>& scores) {
   const int64_t row = hkv * D;  // one slot of a cache: Hkv * D values
   scores.resize(static_cast<size_t>(group * len));
   std::vector<float> qf(static_cast<size_t>(group * D)), acc(static_cast<size_t>(group * D), 0.f);
@@ -497,7 +506,7 @@ void decode_task(const T* q, const T* k_cache, const T* v_cache, const int32_t* 
     for (int64_t j = 0; j < CHUNK; ++j) {
       if (j < n) {
         const int64_t t = t0 + j;
-        const T* kr = k_cache + (static_cast<int64_t>(table[t / bs]) * bs + t % bs) * row + kvh * D;
+        const T* kr = k_cache + slots[t] * row + kvh * D;
         for (int64_t i = 0; i < D; ++i) kt[i * CHUNK + j] = load(kr + i);
       } else {
         for (int64_t i = 0; i < D; ++i) kt[i * CHUNK + j] = 0.f;
@@ -507,7 +516,7 @@ void decode_task(const T* q, const T* k_cache, const T* v_cache, const int32_t* 
   }
   softmax_rows(scores.data(), group, len, lse == nullptr ? nullptr : lse + kvh * group);
   for (int64_t t = 0; t < len; ++t) {
-    const T* vr = v_cache + (static_cast<int64_t>(table[t / bs]) * bs + t % bs) * row + kvh * D;
+    const T* vr = v_cache + slots[t] * row + kvh * D;
     to_float(vr, vf, D);
     for (int64_t g = 0; g < group; ++g) {
       const float p = scores[g * len + t];
@@ -533,27 +542,29 @@ void run_in_order(int64_t n, const F& fn) {
 }
 
 // Kv heads [h0, h1) of one query row set: q / out hold its heads [Hkv * group, D], attending keys
-// [0, len) of `table`; lse (when given) gets each query head's log-sum-exp.
+// [begin, end) of `table`; lse (when given) gets each query head's log-sum-exp.
 template <typename T, int64_t D>
 void decode_heads(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
-                  int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t d, int64_t h0,
-                  int64_t h1, float scale, T* out, float* lse, std::vector<float>& scores) {
+                  int64_t begin, int64_t end, int64_t bs, int64_t hkv, int64_t group, int64_t d,
+                  int64_t h0, int64_t h1, float scale, T* out, float* lse,
+                  std::vector<float>& scores) {
+  const int64_t* slots = list_slots(table, begin, end, bs);
+  const int64_t len = end - begin;
 #ifdef __AVX512F__
   if constexpr (D > 0) {
-    decode_task_avx512<T, D>(q, k_cache, v_cache, table, len, bs, hkv, group, h0, h1, scale, out,
+    decode_task_avx512<T, D>(q, k_cache, v_cache, slots, len, bs, hkv, group, h0, h1, scale, out,
                              lse, scores);
     return;
   }
 #elif defined(RC_AVX2)
   if constexpr (D > 0 && D % 16 == 0) {
-    decode_task_avx2<T, D>(q, k_cache, v_cache, table, len, bs, hkv, group, h0, h1, scale, out,
+    decode_task_avx2<T, D>(q, k_cache, v_cache, slots, len, bs, hkv, group, h0, h1, scale, out,
                            lse, scores);
     return;
   }
 #endif
   for (int64_t kvh = h0; kvh < h1; ++kvh)
-    decode_task<T>(q, k_cache, v_cache, table, len, bs, hkv, group, d, kvh, scale, out, lse,
-                   scores);
+    decode_task<T>(q, k_cache, v_cache, slots, len, hkv, group, d, kvh, scale, out, lse, scores);
 }
 
 // Sequences that share their first blocks (a cached prefix): the prefix's keys are read once for
@@ -566,10 +577,11 @@ struct SharedGroups {
 };
 
 // D: the head dim as a compile-time constant for the vector path, or 0 (any head dim).
+// window > 0: each sequence attends its last `window` keys only (no shared groups then).
 template <typename T, int64_t D>
 void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
             const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale,
-            const SharedGroups& shared, torch::Tensor& out) {
+            const SharedGroups& shared, int64_t window, torch::Tensor& out) {
   const int64_t n = q.size(0), hq = q.size(1), d = q.size(2);
   const int64_t bs = k_cache.size(1), hkv = k_cache.size(2), width = block_tables.size(1);
   const int64_t group = hq / hkv;
@@ -618,16 +630,17 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
       const int64_t g = task / hkv, h = task % hkv;
       const int64_t m = shared.offsets[g + 1] - shared.offsets[g];
       const int32_t* table = tables + shared.members[shared.offsets[g]] * width;
-      decode_heads<T, D>(sq.data() + base[g] * hq * d, kp, vp, table, shared.blocks[g] * bs, bs,
-                         hkv, m * group, d, h, h + 1, sc, so.data() + base[g] * hq * d,
+      decode_heads<T, D>(sq.data() + base[g] * hq * d, kp, vp, table, 0, shared.blocks[g] * bs,
+                         bs, hkv, m * group, d, h, h + 1, sc, so.data() + base[g] * hq * d,
                          slse.data() + base[g] * hq, scores);
       return;
     }
     task -= shared_tasks;
     const int64_t b = task / split, h0 = (task % split) * per_task;
-    decode_heads<T, D>(qp + b * hq * d, kp, vp, tables + b * width + start[b],
-                       lens[b] - start[b] * bs, bs, hkv, group, d, h0, h0 + per_task, sc,
-                       op + b * hq * d, start[b] ? lse.data() + b * hq : nullptr, scores);
+    const int64_t begin = window > 0 ? std::max<int64_t>(0, lens[b] - window) : start[b] * bs;
+    decode_heads<T, D>(qp + b * hq * d, kp, vp, tables + b * width, begin, lens[b], bs, hkv,
+                       group, d, h0, h0 + per_task, sc, op + b * hq * d,
+                       start[b] ? lse.data() + b * hq : nullptr, scores);
   });
   // each member's two parts, weighted by their log-sum-exps
   for (int64_t g = 0; g < shared.count; ++g) {
@@ -655,29 +668,34 @@ template <int64_t D>
 void dispatch_dtype(const torch::Tensor& q, const torch::Tensor& k_cache,
                     const torch::Tensor& v_cache, const torch::Tensor& tables,
                     const torch::Tensor& lens, double scale, const SharedGroups& shared,
-                    torch::Tensor& out) {
+                    int64_t window, torch::Tensor& out) {
   switch (q.scalar_type()) {
     case torch::kFloat:
-      decode<float, D>(q, k_cache, v_cache, tables, lens, scale, shared, out);
+      decode<float, D>(q, k_cache, v_cache, tables, lens, scale, shared, window, out);
       break;
     case torch::kBFloat16:
-      decode<c10::BFloat16, D>(q, k_cache, v_cache, tables, lens, scale, shared, out);
+      decode<c10::BFloat16, D>(q, k_cache, v_cache, tables, lens, scale, shared, window, out);
       break;
     case torch::kHalf:
-      decode<c10::Half, D>(q, k_cache, v_cache, tables, lens, scale, shared, out);
+      decode<c10::Half, D>(q, k_cache, v_cache, tables, lens, scale, shared, window, out);
       break;
     default: TORCH_CHECK(false, "paged_decode: float32, bfloat16 or float16 only");
   }
 }
 
 // group_offsets / group_members / group_blocks (all or none): sequences sharing cached leading
-// blocks, attended once per group for those blocks (SharedGroups).
+// blocks, attended once per group for those blocks (SharedGroups). window: a sliding window.
 torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
                            const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                            const torch::Tensor& seq_lens, double scale,
                            const std::optional<torch::Tensor>& group_offsets,
                            const std::optional<torch::Tensor>& group_members,
-                           const std::optional<torch::Tensor>& group_blocks) {
+                           const std::optional<torch::Tensor>& group_blocks,
+                           std::optional<int64_t> window) {
+  TORCH_CHECK(!window.has_value() || *window >= 1, "paged_decode: window must be at least 1");
+  TORCH_CHECK(!window.has_value() || !group_offsets.has_value(),
+              "paged_decode: shared groups attend whole prefixes, not a window");
+  const int64_t w = window.value_or(0);
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 4, "bad ranks");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32,
@@ -706,13 +724,16 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
     TORCH_CHECK(shared.offsets[0] == 0 && shared.offsets[shared.count] == members.numel(),
                 "group_offsets must cover group_members");
   }
+  auto go = [&](auto kernel) {
+    kernel(qc, k_cache, v_cache, tables, lens, scale, shared, w, out);
+  };
   switch (q.size(2)) {
-    case 64: dispatch_dtype<64>(qc, k_cache, v_cache, tables, lens, scale, shared, out); break;
-    case 128: dispatch_dtype<128>(qc, k_cache, v_cache, tables, lens, scale, shared, out); break;
-    case 32: dispatch_dtype<32>(qc, k_cache, v_cache, tables, lens, scale, shared, out); break;
-    case 256: dispatch_dtype<256>(qc, k_cache, v_cache, tables, lens, scale, shared, out); break;
-    case 16: dispatch_dtype<16>(qc, k_cache, v_cache, tables, lens, scale, shared, out); break;
-    default: dispatch_dtype<0>(qc, k_cache, v_cache, tables, lens, scale, shared, out); break;
+    case 64: go(dispatch_dtype<64>); break;
+    case 128: go(dispatch_dtype<128>); break;
+    case 32: go(dispatch_dtype<32>); break;
+    case 256: go(dispatch_dtype<256>); break;
+    case 16: go(dispatch_dtype<16>); break;
+    default: go(dispatch_dtype<0>); break;
   }
   return out;
 }
@@ -725,13 +746,14 @@ struct PrefillTile {
 };
 
 inline std::vector<PrefillTile> prefill_tiles(int64_t n, const int32_t* qlens, const int32_t* lens,
-                                              int64_t tile) {
+                                              int64_t tile, int64_t window) {
   std::vector<PrefillTile> tiles;
-  std::vector<int64_t> keys;
+  std::vector<int64_t> keys;  // keys a tile reads: up to its last token, from its window start
   for (int64_t b = 0; b < n; ++b)
     for (int64_t i = 0; i < qlens[b]; i += tile) {
       tiles.push_back({b, i});
-      keys.push_back(lens[b] - qlens[b] + std::min<int64_t>(i + tile, qlens[b]));
+      const int64_t last = lens[b] - qlens[b] + std::min<int64_t>(i + tile, qlens[b]);
+      keys.push_back(window > 0 ? std::min(last, window + tile) : last);
     }
   std::vector<size_t> order(tiles.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -740,6 +762,14 @@ inline std::vector<PrefillTile> prefill_tiles(int64_t n, const int32_t* qlens, c
   std::vector<PrefillTile> sorted;
   for (size_t i : order) sorted.push_back(tiles[i]);
   return sorted;
+}
+
+// How many of a tile's ntok tokens (at first_pos, first_pos + 1, ...) have keys in the block
+// [k0, k0 + n) within their window (a token at p reaches back to p - window + 1); all of them
+// without a window (window 0). The causal start is the caller's.
+inline int64_t window_rows(int64_t k0, int64_t n, int64_t first_pos, int64_t ntok, int64_t window) {
+  if (window <= 0) return ntok;
+  return std::clamp<int64_t>(k0 + n + window - 1 - first_pos, 0, ntok);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -775,58 +805,62 @@ inline void pair_dots(__m512 (&sums)[NR][NC], const uint32_t* const* a, const ui
 template <int64_t NR, int64_t V, int64_t KB2, int64_t D>
 inline void accumulate_values(__m512* acc, const __m512* corr, const uint32_t (*pairs)[KB2],
                               const uint32_t (*vp)[D], int64_t n) {
-  __m512 a[NR][V];
+  constexpr int64_t VC = V < 8 ? V : 8;  // output vectors per pass: NR x VC sums in registers
   const uint32_t* rows[NR];
-  for (int64_t x = 0; x < NR; ++x) {
-    rows[x] = pairs[x];
-    for (int64_t c = 0; c < V; ++c) a[x][c] = _mm512_mul_ps(acc[x * V + c], corr[x]);
+  for (int64_t x = 0; x < NR; ++x) rows[x] = pairs[x];
+  for (int64_t c0 = 0; c0 < V; c0 += VC) {  // head dim 256: two passes over the block's pairs
+    __m512 a[NR][VC];
+    for (int64_t x = 0; x < NR; ++x)
+      for (int64_t c = 0; c < VC; ++c) a[x][c] = _mm512_mul_ps(acc[x * V + c0 + c], corr[x]);
+    pair_dots<NR, VC>(a, rows, vp[0] + c0 * 16, D, n);
+    for (int64_t x = 0; x < NR; ++x)
+      for (int64_t c = 0; c < VC; ++c) acc[x * V + c0 + c] = a[x][c];
   }
-  pair_dots<NR, V>(a, rows, vp[0], D, n);
-  for (int64_t x = 0; x < NR; ++x)
-    for (int64_t c = 0; c < V; ++c) acc[x * V + c] = a[x][c];
 }
 
 template <int64_t D>
 void prefill_task(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16* k_cache,
                   const c10::BFloat16* v_cache, c10::BFloat16* out, int64_t o_stride,
                   const int32_t* table, int64_t bs, int64_t hkv, int64_t group, int64_t kvh,
-                  int64_t first_pos, int64_t ntok, float scale) {
+                  int64_t first_pos, int64_t ntok, float scale, int64_t window) {
   constexpr int64_t P = D / 2;   // head-dim pairs
   constexpr int64_t V = D / 16;  // float vectors per output row
   constexpr int64_t KB = 64;     // keys per block: one softmax update per row per block
   constexpr int64_t KV = KB / 16;
   const int64_t rows = ntok * group;  // query vectors: token i, head g -> row i * group + g
   const int64_t row = hkv * D;
-  const int64_t last_pos = first_pos + ntok - 1;  // keys [0, last_pos] are needed
+  const int64_t last_pos = first_pos + ntok - 1;  // keys [k_begin, last_pos] are needed
+  // whole key blocks at absolute positions from the one holding the first token's window start
+  // (a block no key of a row's window is in leaves that row untouched: chunking-invariant)
+  const int64_t k_begin = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) / KB * KB : 0;
   std::vector<__m512> acc(static_cast<size_t>(rows * V), _mm512_setzero_ps());
   std::vector<float> mx(static_cast<size_t>(rows), -INFINITY), l(static_cast<size_t>(rows), 0.f);
   alignas(64) uint32_t kp[P][KB];        // key pairs: kp[p][j] = k[j][2p], k[j][2p+1]
   alignas(64) uint32_t vp[KB / 2][D];    // value pairs: vp[jp][d] = v[2jp][d], v[2jp+1][d]
   alignas(64) uint32_t pairs[R][KB / 2];  // probabilities of R rows as bf16 pairs
-  const int64_t* slots = list_slots(table, last_pos + 1, bs);
-  for (int64_t k0 = 0; k0 <= last_pos; k0 += KB) {
+  const int64_t* slots = list_slots(table, k_begin, last_pos + 1, bs);  // key k: k - k_begin
+  for (int64_t k0 = k_begin; k0 <= last_pos; k0 += KB) {
     const int64_t n = std::min(KB, last_pos + 1 - k0);
+    const int64_t* at = slots + (k0 - k_begin);  // slots of keys k0, k0 + 1, ...
     for (int64_t j = 0; j < KB; ++j) {
       const uint32_t* kr =
-          j < n ? reinterpret_cast<const uint32_t*>(k_cache + slots[k0 + j] * row + kvh * D)
-                : nullptr;
+          j < n ? reinterpret_cast<const uint32_t*>(k_cache + at[j] * row + kvh * D) : nullptr;
       for (int64_t p = 0; p < P; ++p) kp[p][j] = kr ? kr[p] : 0u;
     }
     for (int64_t jp = 0; jp < KB / 2; ++jp) {
       const int64_t j0 = 2 * jp, j1 = 2 * jp + 1;
       const uint16_t* v0 =
-          j0 < n ? reinterpret_cast<const uint16_t*>(v_cache + slots[k0 + j0] * row + kvh * D)
-                 : nullptr;
+          j0 < n ? reinterpret_cast<const uint16_t*>(v_cache + at[j0] * row + kvh * D) : nullptr;
       const uint16_t* v1 =
-          j1 < n ? reinterpret_cast<const uint16_t*>(v_cache + slots[k0 + j1] * row + kvh * D)
-                 : nullptr;
+          j1 < n ? reinterpret_cast<const uint16_t*>(v_cache + at[j1] * row + kvh * D) : nullptr;
       for (int64_t d = 0; d < D; ++d)
         vp[jp][d] = (v0 ? v0[d] : 0u) | (static_cast<uint32_t>(v1 ? v1[d] : 0u) << 16);
     }
     // rows whose token sees any key of this block, R at a time: R x KV independent dot chains
     const int64_t first_row = std::max<int64_t>(0, k0 - first_pos) * group;
-    for (int64_t r0 = first_row; r0 < rows; r0 += R) {
-      const int64_t nr = std::min(R, rows - r0);
+    const int64_t end_row = window_rows(k0, n, first_pos, ntok, window) * group;
+    for (int64_t r0 = first_row; r0 < end_row; r0 += R) {
+      const int64_t nr = std::min(R, end_row - r0);
       const uint32_t* qr[R];
       for (int64_t x = 0; x < R; ++x) {
         const int64_t r = r0 + std::min(x, nr - 1);
@@ -841,18 +875,22 @@ void prefill_task(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16*
       __m512 corr[R];
       for (int64_t x = 0; x < R; ++x) {
         const int64_t r = r0 + x;
-        const int64_t visible = x < nr ? std::min(n, first_pos + r / group - k0 + 1) : 0;
-        visible_max = std::max(visible_max, visible);
-        if (visible <= 0) {  // no key of this block for this row: contributes nothing
+        // this row's keys in the block: [lo, hi) (causal end; window start)
+        const int64_t pos = first_pos + r / group;
+        const int64_t hi = x < nr ? std::min(n, pos - k0 + 1) : 0;
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1 - k0) : 0;
+        if (hi <= lo) {  // no key of this block for this row: contributes nothing
           std::memset(pairs[x], 0, sizeof(pairs[x]));
           corr[x] = _mm512_set1_ps(1.f);
           continue;
         }
+        visible_max = std::max(visible_max, hi);
         __m512 m = _mm512_set1_ps(-INFINITY);
         __mmask16 masks[KV];
         for (int64_t c = 0; c < KV; ++c) {
-          const int64_t left = std::clamp<int64_t>(visible - c * 16, 0, 16);
-          masks[c] = static_cast<__mmask16>((1u << left) - 1);
+          const int64_t left = std::clamp<int64_t>(hi - c * 16, 0, 16);
+          const int64_t skip = std::clamp<int64_t>(lo - c * 16, 0, 16);
+          masks[c] = static_cast<__mmask16>(((1u << left) - 1) & ~((1u << skip) - 1));
           sv[x][c] = _mm512_maskz_mov_ps(masks[c], _mm512_mul_ps(sv[x][c], _mm512_set1_ps(scale)));
           m = _mm512_mask_max_ps(m, masks[c], m, sv[x][c]);
         }
@@ -895,13 +933,13 @@ void prefill_task(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16*
 template <int64_t D>
 void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
              torch::Tensor& out, const int32_t* starts, const int32_t* qlens, const int32_t* lens,
-             const int32_t* tables, int64_t n, int64_t width, double scale) {
+             const int32_t* tables, int64_t n, int64_t width, double scale, int64_t window) {
   const int64_t hq = q.size(1), bs = k_cache.size(1), hkv = k_cache.size(2);
   const int64_t group = hq / hkv, q_stride = q.stride(0), o_stride = out.stride(0);
-  std::vector<PrefillTile> tiles = prefill_tiles(n, qlens, lens, TILE);
+  std::vector<PrefillTile> tiles = prefill_tiles(n, qlens, lens, TILE, window);
   int64_t tile = TILE;
   if (static_cast<int64_t>(tiles.size()) * hkv < 4 * at::get_num_threads())
-    tiles = prefill_tiles(n, qlens, lens, tile = SMALL_TILE);
+    tiles = prefill_tiles(n, qlens, lens, tile = SMALL_TILE, window);
   const auto* qp = q.data_ptr<c10::BFloat16>();
   const auto* kp = k_cache.data_ptr<c10::BFloat16>();
   const auto* vp = v_cache.data_ptr<c10::BFloat16>();
@@ -912,7 +950,7 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
     const int64_t row0 = starts[b] + i0;
     prefill_task<D>(qp + row0 * q_stride, q_stride, kp, vp, op + row0 * o_stride, o_stride,
                     tables + b * width, bs, hkv, group, kvh, lens[b] - qlens[b] + i0, ntok,
-                    static_cast<float>(scale));
+                    static_cast<float>(scale), window);
   });
 }
 #endif
@@ -931,8 +969,8 @@ constexpr int64_t PR = 6;      // query vectors per micro tile
 
 struct PrefillScratch {
   std::vector<float> qf, acc, mx, l;  // per query vector (acc: PR spare rows for padding)
-  alignas(32) float kt[128 * PB];
-  alignas(32) float vf[PB * 128];
+  alignas(32) float kt[256 * PB];     // head dims up to 256
+  alignas(32) float vf[PB * 256];
   alignas(32) float s[PR][PB];  // scores, then probabilities
 };
 
@@ -1030,15 +1068,19 @@ __attribute__((noinline)) void value_tile(float* const* acc, const float* corr, 
   }
 }
 
-// Online softmax of one query vector's scores s[0, visible) of a block: they become
-// probabilities (zeros up to nk), mx / l are updated; returns the factor for its accumulator.
-inline float softmax_update(float* s, int64_t visible, int64_t nk, float scale, float& mx,
+// Online softmax of one query vector's scores s[lo, hi) of a block: they become probabilities
+// (zeros elsewhere up to nk), mx / l are updated; returns the factor for its accumulator.
+inline float softmax_update(float* s, int64_t lo, int64_t hi, int64_t nk, float scale, float& mx,
                             float& l) {
+  if (hi <= lo) {  // no key of the block for this row (before its window): leave it as it is
+    std::memset(s, 0, static_cast<size_t>(nk) * sizeof(float));
+    return 1.f;
+  }
   const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(-INFINITY);
   __m256 top = neg_inf;
   for (int64_t j = 0; j < nk; j += 8) {
     __m256 x = _mm256_mul_ps(_mm256_load_ps(s + j), vscale);
-    if (j + 8 > visible) x = _mm256_blendv_ps(neg_inf, x, first_lanes(visible - j));
+    if (j < lo || j + 8 > hi) x = _mm256_blendv_ps(neg_inf, x, lanes_in(lo - j, hi - j));
     _mm256_store_ps(s + j, x);
     top = _mm256_max_ps(top, x);
   }
@@ -1047,7 +1089,7 @@ inline float softmax_update(float* s, int64_t visible, int64_t nk, float scale, 
   __m256 sum = _mm256_setzero_ps();
   for (int64_t j = 0; j < nk; j += 8) {
     __m256 e = exp8(_mm256_sub_ps(_mm256_load_ps(s + j), vm));
-    if (j + 8 > visible) e = _mm256_and_ps(e, first_lanes(visible - j));
+    if (j < lo || j + 8 > hi) e = _mm256_and_ps(e, lanes_in(lo - j, hi - j));
     _mm256_store_ps(s + j, e);
     sum = _mm256_add_ps(sum, e);
   }
@@ -1063,9 +1105,11 @@ template <typename T, int64_t D>
 void prefill_task_avx2(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, T* out,
                        int64_t o_stride, const int32_t* table, int64_t bs, int64_t hkv,
                        int64_t group, int64_t kvh, int64_t first_pos, int64_t ntok, float scale,
-                       PrefillScratch& ws) {
+                       int64_t window, PrefillScratch& ws) {
   const int64_t rows = ntok * group, row = hkv * D;
-  const int64_t last_pos = first_pos + ntok - 1;  // keys [0, last_pos] are needed
+  const int64_t last_pos = first_pos + ntok - 1;  // keys [k_begin, last_pos] are needed
+  // whole key blocks at absolute positions, as the AVX512-BF16 kernel (chunking-invariant)
+  const int64_t k_begin = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) / PB * PB : 0;
   ws.qf.resize(static_cast<size_t>(rows * D));
   ws.acc.assign(static_cast<size_t>((rows + PR) * D), 0.f);
   ws.mx.assign(static_cast<size_t>(rows), -INFINITY);
@@ -1074,13 +1118,14 @@ void prefill_task_avx2(const T* q, int64_t q_stride, const T* k_cache, const T* 
     for (int64_t d0 = 0; d0 < D; d0 += 8)
       _mm256_storeu_ps(ws.qf.data() + r * D + d0,
                        load8(q + (r / group) * q_stride + (kvh * group + r % group) * D + d0));
-  for (int64_t k0 = 0; k0 <= last_pos; k0 += PB) {
+  for (int64_t k0 = k_begin; k0 <= last_pos; k0 += PB) {
     const int64_t n = std::min(PB, last_pos + 1 - k0);
     repack_block<T, D>(k_cache, v_cache, table, bs, row, kvh, k0, n, ws);
     // rows whose token sees a key of this block, PR at a time (the last tile padded with
     // copies of its last row, written to spare accumulator rows)
-    for (int64_t r0 = std::max<int64_t>(0, k0 - first_pos) * group; r0 < rows; r0 += PR) {
-      const int64_t nr = std::min(PR, rows - r0);
+    const int64_t end_row = window_rows(k0, n, first_pos, ntok, window) * group;
+    for (int64_t r0 = std::max<int64_t>(0, k0 - first_pos) * group; r0 < end_row; r0 += PR) {
+      const int64_t nr = std::min(PR, end_row - r0);
       const int64_t nk = std::min(n, first_pos + (r0 + nr - 1) / group - k0 + 1);
       const float* qr[PR];
       float* acc[PR];
@@ -1095,8 +1140,10 @@ void prefill_task_avx2(const T* q, int64_t q_stride, const T* k_cache, const T* 
       for (int64_t x = 0; x < PR; ++x) {
         const int64_t r = r0 + std::min(x, nr - 1);
         if (x < nr) {
-          const int64_t visible = std::min(n, first_pos + r / group - k0 + 1);
-          corr[x] = softmax_update(ws.s[x], visible, nk8, scale, ws.mx[r], ws.l[r]);
+          const int64_t pos = first_pos + r / group;
+          const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1 - k0) : 0;
+          const int64_t hi = std::min(n, pos - k0 + 1);
+          corr[x] = softmax_update(ws.s[x], lo, hi, nk8, scale, ws.mx[r], ws.l[r]);
         } else {
           std::memset(ws.s[x], 0, sizeof(ws.s[x]));
         }
@@ -1116,10 +1163,10 @@ template <typename T, int64_t D>
 void prefill_avx2(const torch::Tensor& q, const torch::Tensor& k_cache,
                   const torch::Tensor& v_cache, torch::Tensor& out, const int32_t* starts,
                   const int32_t* qlens, const int32_t* lens, const int32_t* tables, int64_t n,
-                  int64_t width, double scale) {
+                  int64_t width, double scale, int64_t window) {
   const int64_t hq = q.size(1), bs = k_cache.size(1), hkv = k_cache.size(2);
   const int64_t group = hq / hkv, q_stride = q.stride(0), o_stride = out.stride(0);
-  const std::vector<PrefillTile> tiles = prefill_tiles(n, qlens, lens, PTILE);
+  const std::vector<PrefillTile> tiles = prefill_tiles(n, qlens, lens, PTILE, window);
   const T* qp = q.data_ptr<T>();
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
@@ -1131,7 +1178,8 @@ void prefill_avx2(const torch::Tensor& q, const torch::Tensor& k_cache,
     const int64_t row0 = starts[b] + i0;
     prefill_task_avx2<T, D>(qp + row0 * q_stride, q_stride, kp, vp, op + row0 * o_stride,
                             o_stride, tables + b * width, bs, hkv, group, kvh,
-                            lens[b] - qlens[b] + i0, ntok, static_cast<float>(scale), ws);
+                            lens[b] - qlens[b] + i0, ntok, static_cast<float>(scale), window,
+                            ws);
   });
 }
 #endif
@@ -1142,7 +1190,10 @@ void prefill_avx2(const torch::Tensor& q, const torch::Tensor& k_cache,
 void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
                    const torch::Tensor& v_cache, torch::Tensor out, const torch::Tensor& q_starts,
                    const torch::Tensor& q_lens, const torch::Tensor& seq_lens,
-                   const torch::Tensor& block_tables, double scale) {
+                   const torch::Tensor& block_tables, double scale,
+                   std::optional<int64_t> window) {
+  TORCH_CHECK(!window.has_value() || *window >= 1, "paged_prefill: window must be at least 1");
+  const int64_t w = window.value_or(0);
   const auto dtype = q.scalar_type();
   TORCH_CHECK(k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype &&
                   out.scalar_type() == dtype,
@@ -1162,26 +1213,28 @@ void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
   const auto* lp = lens.data_ptr<int32_t>();
   const auto* tp = tables.data_ptr<int32_t>();
   const int64_t d = q.size(2);
-  TORCH_CHECK(d == 16 || d == 32 || d == 64 || d == 128,
-              "paged_prefill: head_dim 16, 32, 64 or 128 only");
+  TORCH_CHECK(d == 16 || d == 32 || d == 64 || d == 128 || d == 256,
+              "paged_prefill: head_dim 16, 32, 64, 128 or 256 only");
+  auto go = [&](auto kernel) {
+    kernel(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale, w);
+  };
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
   if (dtype == torch::kBFloat16 && d != 16) {
     switch (d) {
-      case 64: prefill<64>(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale); return;
-      case 128: prefill<128>(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale); return;
-      default: prefill<32>(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale); return;
+      case 64: return go(prefill<64>);
+      case 128: return go(prefill<128>);
+      case 256: return go(prefill<256>);
+      default: return go(prefill<32>);
     }
   }
 #endif
 #ifdef RC_AVX2
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    auto go = [&](auto kernel) {
-      kernel(q, k_cache, v_cache, out, sp, qp, lp, tp, n, width, scale);
-    };
     switch (d) {
       case 64: go(prefill_avx2<T, 64>); break;
       case 128: go(prefill_avx2<T, 128>); break;
+      case 256: go(prefill_avx2<T, 256>); break;
       case 32: go(prefill_avx2<T, 32>); break;
       default: go(prefill_avx2<T, 16>); break;
     }
@@ -1224,9 +1277,10 @@ std::string vector_isa() {
 TORCH_LIBRARY(radixcache, m) {
   m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_lens, float scale, Tensor? group_offsets=None, Tensor? group_members=None, "
-        "Tensor? group_blocks=None) -> Tensor");
+        "Tensor? group_blocks=None, int? window=None) -> Tensor");
   m.def("paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, "
-        "Tensor q_starts, Tensor q_lens, Tensor seq_lens, Tensor block_tables, float scale) -> ()");
+        "Tensor q_starts, Tensor q_lens, Tensor seq_lens, Tensor block_tables, float scale, "
+        "int? window=None) -> ()");
   m.def("has_native_prefill(ScalarType dtype) -> bool", &has_native_prefill);
   m.def("vector_isa() -> str", &vector_isa);
 }

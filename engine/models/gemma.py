@@ -1,0 +1,141 @@
+"""Gemma 3 (gemma3_text) over a flat ragged batch, on the Llama decoder's fused weights.
+
+What differs from Llama (transformers' modeling_gemma3.py): embeddings scaled by sqrt(hidden) in
+the model dtype; every RMSNorm is (1 + w) computed in float32; norms after attention and around
+the feed-forward; qk-norm; scale query_pre_attn_scalar ** -0.5; GeGLU with tanh GELU; sliding
+layers use their own rope base (rope_local_base_freq); optional final logit softcapping.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttentionBackend, AttentionMetadata
+from engine.models.config import ModelConfig
+from engine.models.gemma_config import GemmaOptions
+from engine.models.llama import DecoderLayer, LlamaForCausalLM, RowOps, _param
+from engine.models.packed_linear import linear
+from engine.models.rope import apply_rope
+
+
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) * weight in float32, cast back; weight: (1 + w), float32."""
+    x32 = x.float()
+    out = x32 * x32.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    return out.mul_(weight).to(x.dtype)
+
+
+def _rows_norm(ops: RowOps, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """gemma_rms_norm of [rows, n] activations, through the native op where it built."""
+    if ops.native is None:
+        return gemma_rms_norm(x, weight, eps)
+    return ops.rms_norm(x.float(), weight, eps).to(x.dtype)
+
+
+class GemmaDecoderLayer(DecoderLayer):
+    def __init__(
+        self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        super().__init__(config, dtype, device, config.layer_windows[index])
+        c, f32 = config, {"dtype": torch.float32, "device": device}
+        for name in GemmaForCausalLM.layer_norms:  # (1 + w) in float32 once loaded
+            size = c.head_dim if name in ("q_norm", "k_norm") else c.hidden_size
+            setattr(self, name, _param(size, **f32))
+        self.options = GemmaOptions.from_hf(c.raw)
+        self.scale = self.options.query_pre_attn_scalar**-0.5
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [T, hidden] residual stream
+        cos: torch.Tensor,  # [T, 1, head_dim] of this layer's rope (local or global)
+        sin: torch.Tensor,  # [T, 1, head_dim / 2]
+        k_cache: torch.Tensor,  # [num_blocks, bs, Hkv, D]
+        v_cache: torch.Tensor,
+        plan: Any,
+        attn: AttentionBackend,
+        ops: RowOps,
+    ) -> torch.Tensor:
+        t, eps, packed = h.shape[0], self.eps, self.packed
+        x = _rows_norm(ops, h, self.input_layernorm, eps)
+        qkv = linear(x, self.qkv_proj, self.qkv_bias, packed.get("qkv_proj"))
+        q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, -1, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+        qk = torch.cat(
+            [gemma_rms_norm(q, self.q_norm, eps), gemma_rms_norm(k, self.k_norm, eps)], 1
+        )
+        qk = apply_rope(qk, cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        o = attn.forward(q, k, v, k_cache, v_cache, plan, self.scale, self.window)
+        o = linear(o.view(t, self.q_size), self.o_proj, self.o_bias, packed.get("o_proj"))
+        h = h + _rows_norm(ops, o, self.post_attention_layernorm, eps)
+        x = _rows_norm(ops, h, self.pre_feedforward_layernorm, eps)
+        gate_up = linear(x, self.gate_up_proj, self.gate_up_bias, packed.get("gate_up_proj"))
+        gate, up = gate_up.chunk(2, dim=-1)
+        y = F.gelu(gate, approximate="tanh") * up
+        y = linear(y, self.down_proj, self.down_bias, packed.get("down_proj"))
+        return h + _rows_norm(ops, y, self.post_feedforward_layernorm, eps)
+
+
+class GemmaForCausalLM(LlamaForCausalLM):
+    layer_norms = (
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+        "q_norm",
+        "k_norm",
+    )
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        attention: AttentionBackend | None = None,
+        invariant: bool = False,
+    ) -> None:
+        super().__init__(config, dtype, device, attention, invariant)
+        device = self.device
+        self.norm = _param(config.hidden_size, dtype=torch.float32, device=device)
+        self.options = GemmaOptions.from_hf(config.raw)
+        scale = torch.tensor(config.hidden_size**0.5)  # float32, then the model dtype, like HF
+        self.embed_scale = scale.to(dtype=dtype, device=device)
+
+    def make_layer(
+        self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device
+    ) -> GemmaDecoderLayer:
+        return GemmaDecoderLayer(config, index, dtype, device)
+
+    def finish_load(self) -> None:
+        """Checkpoints hold Gemma's norm weights as w; the forward multiplies by (1 + w)."""
+        with torch.no_grad():
+            self.norm.add_(1.0)
+            for layer in self.layers:
+                for name in self.layer_norms:
+                    getattr(layer, name).add_(1.0)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        kv_cache: torch.Tensor,  # [layers, 2, num_blocks, bs, Hkv, D]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        h = F.embedding(input_ids, self.embed_tokens) * self.embed_scale  # [T, hidden]
+        ropes = self.ropes.lookup(positions, meta.max_seqlen_k)  # local ones on sliding layers
+        plan = self.attention.plan(meta)
+        ops = self.row_ops
+        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, ropes, strict=True)):
+            h = layer(h, cos, sin, kv_cache[i, 0], kv_cache[i, 1], plan, self.attention, ops)
+        return _rows_norm(ops, h, self.norm, self.config.rms_norm_eps)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden)
+        cap = self.options.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
