@@ -78,15 +78,15 @@ def _paged_attention_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        # keys [kv_start, kv_end): what the rows of this block may see (kv_start: the first
-        # row's window start, rounded down to a whole BLOCK_N)
+        # keys [kv_first, kv_end): what the rows of this block may see (kv_first: the first
+        # row's window start; keys before it are not read), in tiles from kv_start
         kv_end = tl.minimum(ctx, ctx - q_len + (mb + 1) * BLOCK_M)
-        first_start = tl.maximum(ctx - q_len + mb * BLOCK_M - window + 1, 0)
-        kv_start = tl.where(window > 0, first_start // BLOCK_N * BLOCK_N, 0)
+        kv_first = tl.where(window > 0, tl.maximum(ctx - q_len + mb * BLOCK_M - window + 1, 0), 0)
+        kv_start = kv_first // BLOCK_N * BLOCK_N
         row = NUM_KV_HEADS * HEAD_DIM
         for n in range(kv_start, kv_end, BLOCK_N):
             offs_n = n + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < kv_end
+            n_mask = (offs_n < kv_end) & (offs_n >= kv_first)
             blk = tl.load(
                 block_tables_ptr + b * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask, other=0
             )
