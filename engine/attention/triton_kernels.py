@@ -163,7 +163,8 @@ def paged_attention(
     if t == 0 or num_seqs == 0:
         return
     hkv = k_cache.shape[2]
-    block_m = 16 if meta.max_seqlen_q <= 16 else 64
+    wide = d > 128  # head dim 256 (Gemma 3): half the tiles, so q/k/v tiles fit shared memory
+    block_m = 16 if meta.max_seqlen_q <= 16 else (32 if wide else 64)
     grid = (triton.cdiv(meta.max_seqlen_q, block_m), num_seqs, hq)
     _paged_attention_kernel[grid](
         q,
@@ -186,6 +187,6 @@ def paged_attention(
         BLOCK_D=max(16, triton.next_power_of_2(d)),  # tl.dot needs K >= 16 on GPUs
         BLOCK_SIZE=k_cache.shape[1],
         BLOCK_M=block_m,
-        BLOCK_N=64,
+        BLOCK_N=32 if wide else 64,
         IEEE=q.dtype == torch.float32,
     )
