@@ -78,15 +78,15 @@ def _paged_attention_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        # keys [kv_start, kv_end): what the rows of this block may see (kv_start: the first
-        # row's window start, rounded down to a whole BLOCK_N)
+        # keys [kv_first, kv_end): what the rows of this block may see (kv_first: the first
+        # row's window start; keys before it are not read), in tiles from kv_start
         kv_end = tl.minimum(ctx, ctx - q_len + (mb + 1) * BLOCK_M)
-        first_start = tl.maximum(ctx - q_len + mb * BLOCK_M - window + 1, 0)
-        kv_start = tl.where(window > 0, first_start // BLOCK_N * BLOCK_N, 0)
+        kv_first = tl.where(window > 0, tl.maximum(ctx - q_len + mb * BLOCK_M - window + 1, 0), 0)
+        kv_start = kv_first // BLOCK_N * BLOCK_N
         row = NUM_KV_HEADS * HEAD_DIM
         for n in range(kv_start, kv_end, BLOCK_N):
             offs_n = n + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < kv_end
+            n_mask = (offs_n < kv_end) & (offs_n >= kv_first)
             blk = tl.load(
                 block_tables_ptr + b * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask, other=0
             )
@@ -163,7 +163,8 @@ def paged_attention(
     if t == 0 or num_seqs == 0:
         return
     hkv = k_cache.shape[2]
-    block_m = 16 if meta.max_seqlen_q <= 16 else 64
+    wide = d > 128  # head dim 256 (Gemma 3): half the tiles, so q/k/v tiles fit shared memory
+    block_m = 16 if meta.max_seqlen_q <= 16 else (32 if wide else 64)
     grid = (triton.cdiv(meta.max_seqlen_q, block_m), num_seqs, hq)
     _paged_attention_kernel[grid](
         q,
@@ -186,6 +187,6 @@ def paged_attention(
         BLOCK_D=max(16, triton.next_power_of_2(d)),  # tl.dot needs K >= 16 on GPUs
         BLOCK_SIZE=k_cache.shape[1],
         BLOCK_M=block_m,
-        BLOCK_N=64,
+        BLOCK_N=32 if wide else 64,
         IEEE=q.dtype == torch.float32,
     )

@@ -21,7 +21,7 @@ from engine.attention import build_attention_metadata
 from engine.kv_cache import KVCache
 
 from .test_attention import CASES, dense_reference, make_batch
-from .test_attention_window import WINDOW_CASES, assert_window_matters
+from .test_attention_window import WINDOW_CASES, assert_window_matters, poisoned_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,6 +49,15 @@ def check_case(kernels, case, window=None):
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     if window is not None:
         assert_window_matters(case, window, ref)
+
+
+def check_blocks_before_the_window_are_not_read(kernels):
+    for case in (WINDOW_CASES[1], WINDOW_CASES[2]):
+        (q, k, v, k_cache, v_cache), meta, ref = poisoned_batch(case, 5)
+        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        kernels.paged_attention(q, k_cache, v_cache, out, meta, case[5] ** -0.5, 5)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
 def check_store_kv_from_strided_views(kernels):
@@ -142,6 +151,7 @@ CHECKS = {
         for i, w in [(0, 5), (0, 16), (1, 1), (1, 8), (2, 16), (5, 67), (6, 8)]
     },
     "head_dim256": lambda kernels: check_case(kernels, WINDOW_CASES[6]),
+    "window_not_read_before": check_blocks_before_the_window_are_not_read,
     "store_kv_strided": check_store_kv_from_strided_views,
     "float16": check_float16,
     "model_triton_vs_torch": check_model_with_triton_backend,

@@ -131,3 +131,38 @@ def test_windowed_native_prefill_does_not_depend_on_chunking(dtype, window):
         assert torch.equal(whole, torch.cat(chunks)), cuts
     assert not torch.equal(whole, attend(0, n, None))
     assert torch.equal(attend(0, n, n), attend(0, n, None))
+
+
+def poisoned_batch(case, window):
+    """make_batch's batch with NaN in every cache block that lies wholly before its sequence's
+    first new token's window (no shared blocks): what a backend must not read."""
+    query_lens, prefix_lens, bs, hq, hkv, d, groups = case
+    assert groups is None
+    q, k, v, k_cache, v_cache, tables, full_k, full_v = make_batch(
+        len(query_lens), query_lens, prefix_lens, bs, hq, hkv, d
+    )
+    for table, start in zip(tables, prefix_lens, strict=True):
+        dead = table[: max(0, start - window + 1) // bs]
+        k_cache[dead] = float("nan")
+        v_cache[dead] = float("nan")
+    seq_lens = [a + b for a, b in zip(query_lens, prefix_lens, strict=True)]
+    meta = build_attention_metadata(query_lens, seq_lens, tables, bs)
+    ref = dense_reference(q, full_k, full_v, query_lens, d**-0.5, window)
+    return (q, k, v, k_cache, v_cache), meta, ref
+
+
+UNSHARED = [i for i, case in enumerate(WINDOW_CASES) if case[6] is None]
+
+
+@pytest.mark.parametrize("window", [5, 16])
+@pytest.mark.parametrize("index", UNSHARED, ids=[f"case{i}" for i in UNSHARED])
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_blocks_before_the_window_are_not_read(path, index, window):
+    """The contract a KV manager releasing out-of-window blocks relies on: no block wholly
+    before a sequence's first new token's window is read (the native kernels read no key
+    before it)."""
+    case = WINDOW_CASES[index]
+    tensors, meta, ref = poisoned_batch(case, window)
+    backend = TorchAttention(**PATHS[path]())
+    out = backend.forward(*tensors, backend.plan(meta), case[5] ** -0.5, window)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -92,3 +92,28 @@ def test_layer_windows_must_cover_every_layer():
     fields = {f: getattr(config, f) for f in config.__dataclass_fields__}
     with pytest.raises(ValueError, match="layer_windows has 2 entries for 6 layers"):
         ModelConfig(**{**fields, "layer_windows": (8, None)})
+
+
+def test_layer_ropes_give_windowed_layers_the_local_table():
+    """What Gemma 3 needs of the rope tables: one table per distinct rope, looked up once per
+    step, windowed layers reading the local one."""
+    import dataclasses
+
+    import torch
+
+    from engine.models.rope import LayerRopes, RotaryEmbedding
+
+    raw = transformers.Qwen2Config(
+        **TINY, use_sliding_window=True, sliding_window=4, max_window_layers=4
+    ).to_dict()
+    config = dataclasses.replace(ModelConfig.from_dict(raw), local_rope=RopeConfig(theta=10.0))
+    assert [config.layer_rope(i) for i in range(6)] == [config.rope] * 4 + [config.local_rope] * 2
+    ropes = LayerRopes(config, torch.float32, torch.device("cpu"))
+    assert len(ropes.tables) == 2
+    positions = torch.tensor([0, 3, 17])
+    per_layer = ropes.lookup(positions, 18)
+    for i, (cos, sin) in enumerate(per_layer):
+        want = RotaryEmbedding(config, torch.float32, torch.device("cpu"), config.layer_rope(i))
+        want_cos, want_sin = want.lookup(positions, 18)
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    assert per_layer[0][0] is per_layer[3][0] and not torch.equal(per_layer[0][0], per_layer[4][0])

@@ -829,30 +829,33 @@ void prefill_task(const c10::BFloat16* q, int64_t q_stride, const c10::BFloat16*
   constexpr int64_t KV = KB / 16;
   const int64_t rows = ntok * group;  // query vectors: token i, head g -> row i * group + g
   const int64_t row = hkv * D;
-  const int64_t last_pos = first_pos + ntok - 1;  // keys [k_begin, last_pos] are needed
+  const int64_t last_pos = first_pos + ntok - 1;  // keys [k_first, last_pos] are needed
   // whole key blocks at absolute positions from the one holding the first token's window start
-  // (a block no key of a row's window is in leaves that row untouched: chunking-invariant)
-  const int64_t k_begin = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) / KB * KB : 0;
+  // k_first (a block no key of a row's window is in leaves that row untouched: chunking-
+  // invariant); keys before k_first are not read (zeros)
+  const int64_t k_first = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
+  const int64_t k_begin = k_first / KB * KB;
   std::vector<__m512> acc(static_cast<size_t>(rows * V), _mm512_setzero_ps());
   std::vector<float> mx(static_cast<size_t>(rows), -INFINITY), l(static_cast<size_t>(rows), 0.f);
   alignas(64) uint32_t kp[P][KB];        // key pairs: kp[p][j] = k[j][2p], k[j][2p+1]
   alignas(64) uint32_t vp[KB / 2][D];    // value pairs: vp[jp][d] = v[2jp][d], v[2jp+1][d]
   alignas(64) uint32_t pairs[R][KB / 2];  // probabilities of R rows as bf16 pairs
-  const int64_t* slots = list_slots(table, k_begin, last_pos + 1, bs);  // key k: k - k_begin
+  const int64_t* slots = list_slots(table, k_first, last_pos + 1, bs);  // key k: k - k_first
   for (int64_t k0 = k_begin; k0 <= last_pos; k0 += KB) {
-    const int64_t n = std::min(KB, last_pos + 1 - k0);
-    const int64_t* at = slots + (k0 - k_begin);  // slots of keys k0, k0 + 1, ...
+    const int64_t n = std::min(KB, last_pos + 1 - k0), lo = std::max<int64_t>(0, k_first - k0);
+    // key k0 + j (lo <= j < n) at row offset key(j) of a cache; the others are zeros
+    auto key = [&](int64_t j) { return slots[k0 + j - k_first] * row + kvh * D; };
     for (int64_t j = 0; j < KB; ++j) {
       const uint32_t* kr =
-          j < n ? reinterpret_cast<const uint32_t*>(k_cache + at[j] * row + kvh * D) : nullptr;
+          j >= lo && j < n ? reinterpret_cast<const uint32_t*>(k_cache + key(j)) : nullptr;
       for (int64_t p = 0; p < P; ++p) kp[p][j] = kr ? kr[p] : 0u;
     }
     for (int64_t jp = 0; jp < KB / 2; ++jp) {
       const int64_t j0 = 2 * jp, j1 = 2 * jp + 1;
       const uint16_t* v0 =
-          j0 < n ? reinterpret_cast<const uint16_t*>(v_cache + at[j0] * row + kvh * D) : nullptr;
+          j0 >= lo && j0 < n ? reinterpret_cast<const uint16_t*>(v_cache + key(j0)) : nullptr;
       const uint16_t* v1 =
-          j1 < n ? reinterpret_cast<const uint16_t*>(v_cache + at[j1] * row + kvh * D) : nullptr;
+          j1 >= lo && j1 < n ? reinterpret_cast<const uint16_t*>(v_cache + key(j1)) : nullptr;
       for (int64_t d = 0; d < D; ++d)
         vp[jp][d] = (v0 ? v0[d] : 0u) | (static_cast<uint32_t>(v1 ? v1[d] : 0u) << 16);
     }
@@ -993,16 +996,19 @@ inline void transpose8(__m256* r) {
   r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-// keys [k0, k0 + n) of one kv head -> kt (transposed) and vf, float32; rows past n are zeros
+// keys [k0 + lo, k0 + n) of one kv head -> kt (transposed) and vf, float32; the rows before lo
+// (before every token's window: not read) and past n are zeros
 template <typename T, int64_t D>
 void repack_block(const T* k_cache, const T* v_cache, const int32_t* table, int64_t bs,
-                  int64_t row, int64_t kvh, int64_t k0, int64_t n, PrefillScratch& ws) {
+                  int64_t row, int64_t kvh, int64_t k0, int64_t lo, int64_t n,
+                  PrefillScratch& ws) {
   const T* kr[PB];
   const T* vr[PB];
   for (int64_t j = 0; j < PB; ++j) {
-    const int64_t off = j < n ? (table[(k0 + j) / bs] * bs + (k0 + j) % bs) * row + kvh * D : 0;
-    kr[j] = j < n ? k_cache + off : nullptr;
-    vr[j] = j < n ? v_cache + off : nullptr;
+    const bool read = j >= lo && j < n;
+    const int64_t off = read ? (table[(k0 + j) / bs] * bs + (k0 + j) % bs) * row + kvh * D : 0;
+    kr[j] = read ? k_cache + off : nullptr;
+    vr[j] = read ? v_cache + off : nullptr;
   }
   for (int64_t j0 = 0; j0 < PB; j0 += 8)
     for (int64_t d0 = 0; d0 < D; d0 += 8) {
@@ -1108,8 +1114,10 @@ void prefill_task_avx2(const T* q, int64_t q_stride, const T* k_cache, const T* 
                        int64_t window, PrefillScratch& ws) {
   const int64_t rows = ntok * group, row = hkv * D;
   const int64_t last_pos = first_pos + ntok - 1;  // keys [k_begin, last_pos] are needed
-  // whole key blocks at absolute positions, as the AVX512-BF16 kernel (chunking-invariant)
-  const int64_t k_begin = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) / PB * PB : 0;
+  // whole key blocks at absolute positions, as the AVX512-BF16 kernel (chunking-invariant);
+  // keys before the first token's window start k_first are not read
+  const int64_t k_first = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
+  const int64_t k_begin = k_first / PB * PB;
   ws.qf.resize(static_cast<size_t>(rows * D));
   ws.acc.assign(static_cast<size_t>((rows + PR) * D), 0.f);
   ws.mx.assign(static_cast<size_t>(rows), -INFINITY);
@@ -1120,7 +1128,8 @@ void prefill_task_avx2(const T* q, int64_t q_stride, const T* k_cache, const T* 
                        load8(q + (r / group) * q_stride + (kvh * group + r % group) * D + d0));
   for (int64_t k0 = k_begin; k0 <= last_pos; k0 += PB) {
     const int64_t n = std::min(PB, last_pos + 1 - k0);
-    repack_block<T, D>(k_cache, v_cache, table, bs, row, kvh, k0, n, ws);
+    const int64_t lo = std::max<int64_t>(0, k_first - k0);  // keys before it: not read
+    repack_block<T, D>(k_cache, v_cache, table, bs, row, kvh, k0, lo, n, ws);
     // rows whose token sees a key of this block, PR at a time (the last tile padded with
     // copies of its last row, written to spare accumulator rows)
     const int64_t end_row = window_rows(k0, n, first_pos, ntok, window) * group;
