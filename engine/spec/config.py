@@ -15,7 +15,9 @@ DEFAULT_NUM_TOKENS = 8
 class SpecConfig:
     mode: str = DEFAULT_MODE
     num_tokens: int = DEFAULT_NUM_TOKENS  # the most draft tokens of one sequence in one step
-    ngram_sizes: tuple[int, ...] = (4, 3, 2)  # prompt lookup and suffix index keys, longest first
+    # prompt lookup and suffix index keys, longest first (a 2-token match misses too often in
+    # free text to pay for its verify rows)
+    ngram_sizes: tuple[int, ...] = (4, 3)
     suffix_index_tokens: int = 1 << 18  # bound of the suffix index (all namespaces)
 
     def __post_init__(self) -> None:

@@ -45,11 +45,12 @@ class DraftProposer:
             seq.spec = SeqDrafts(PromptLookup(cfg.ngram_sizes), DraftLength(cfg.num_tokens))
         return seq.spec
 
-    def propose(self, seq: Sequence, k: int) -> list[int]:
-        """Up to k draft tokens to follow seq.token_ids (empty: none worth a try)."""
+    def propose(self, seq: Sequence, k: int, tree_k: int | None = None) -> list[int]:
+        """Up to k draft tokens to follow seq.token_ids (empty: none worth a try); the tree's
+        continuation, the cached text itself, may give up to tree_k (default k)."""
         state = self.state(seq)
         for name, source in self._sources():
-            draft = source(seq, state, k)
+            draft = source(seq, state, (tree_k or k) if name == "tree" else k)
             if draft:
                 state.last_source = name
                 return draft

@@ -78,10 +78,11 @@ class Speculator:
                 break
             if not self._decoding(seq, n):
                 continue
-            k = min(self.proposer.state(seq).length.next(), budget, self._room(seq))
-            if k <= 0:
+            length = self.proposer.state(seq).length.next()
+            room = min(budget, self._room(seq), self.config.num_tokens)
+            if length <= 0 or room <= 0:
                 continue
-            draft = self.proposer.propose(seq, k)
+            draft = self.proposer.propose(seq, min(length, room), room)
             k = self.kv.reserve_draft(seq, n, len(draft)) if draft else 0
             if k > 0:
                 batch.drafts[b] = draft[:k]
