@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.sampler import Sampler, SampleRow
+from engine.sampler import Sampler, SamplerOutput, SampleRow
 from engine.spec.config import SpecConfig
 from engine.spec.proposer import DraftProposer
 from engine.spec.stats import SpecStats
@@ -109,11 +109,15 @@ class Speculator:
         seqs = [d.seq for d in drafted]
         drafts = [d.draft for d in drafted]
         out = [Verified(d.seq, len(d.draft), 0, None) for d in drafted]
+        argmax = _plain_argmax(drafted)
         live = list(range(len(drafted)))
         j = 0
         while live:
-            rows = [_sample_row(seqs[i]) for i in live]
-            sampled = sampler(torch.stack([drafted[i].logits[j] for i in live]), rows)
+            if argmax is not None:
+                sampled = SamplerOutput([argmax[i][j] for i in live], None, None)
+            else:
+                rows = [_sample_row(seqs[i]) for i in live]
+                sampled = sampler(torch.stack([drafted[i].logits[j] for i in live]), rows)
             still = []
             for r, i in enumerate(live):
                 token = sampled.token_ids[r]
@@ -134,6 +138,21 @@ class Speculator:
         """A finished sequence's tokens (prompt and output) join its namespace's suffix index."""
         if self.proposer.suffix_index is not None:
             self.proposer.suffix_index.add(seq.request.namespace, seq.token_ids)
+
+
+def _plain_argmax(drafted: list[Drafted]) -> list[list[int]] | None:
+    """Every position's token at once when every row is greedy on the raw logits (no penalty,
+    bias or logprobs: nothing depends on the tokens accepted before), else None."""
+    for d in drafted:
+        p = d.seq.params
+        if not p.greedy or p.has_penalties or p.logit_bias or p.logprobs is not None:
+            return None
+    tokens = torch.cat([d.logits for d in drafted]).argmax(dim=-1).tolist()
+    out, start = [], 0
+    for d in drafted:
+        out.append(tokens[start : start + len(d.draft) + 1])
+        start += len(d.draft) + 1
+    return out
 
 
 def _sample_row(seq: Sequence) -> SampleRow:
