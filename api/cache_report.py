@@ -8,7 +8,8 @@ from dataclasses import asdict
 from typing import Any
 
 from api.auth import Caller
-from api.engine_stats import CacheCounters, EngineCounters, NamespaceCounters, SpecCounters
+from api.engine_stats import CacheCounters, EngineCounters, NamespaceCounters
+from engine.spec.stats import SpecStats
 from radixcache.tier_names import TierName
 
 
@@ -56,7 +57,7 @@ def _namespaces(
     return rows
 
 
-def spec_report(s: SpecCounters) -> dict[str, Any]:
+def spec_report(s: SpecStats) -> dict[str, Any]:
     """Speculative decoding: how many drafts the model agreed with, overall and by position."""
     return {
         "num_drafts": s.num_drafts,
@@ -66,8 +67,8 @@ def spec_report(s: SpecCounters) -> dict[str, Any]:
         "mean_accepted_length": round(s.mean_accepted_length, 6),
         "accepted_per_pos": list(s.accepted_per_pos),
         "acceptance_per_pos": [round(r, 6) for r in s.acceptance_per_pos],
-        "verify_step_ms": _mean_ms(s.verify_step_time, s.verify_steps),
-        "plain_decode_step_ms": _mean_ms(s.plain_decode_step_time, s.plain_decode_steps),
+        "verify_step_ms": _mean_ms(s.verify_step_time, s.num_verify_steps),
+        "plain_decode_step_ms": _mean_ms(s.plain_decode_step_time, s.num_plain_decode_steps),
     }
 
 

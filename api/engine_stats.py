@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.spec.stats import SpecStats
 from radixcache.tier_names import TierName
 
 if TYPE_CHECKING:
@@ -62,35 +63,6 @@ class TierOccupancy:
 
 
 @dataclass(frozen=True)
-class SpecCounters:
-    """Speculative decoding since start (engine.spec.stats.SpecStats)."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: tuple[int, ...] = ()  # [j]: drafts whose token j was accepted
-    drafted_per_pos: tuple[int, ...] = ()  # [j]: drafts that had a token j
-    verify_steps: int = 0
-    verify_step_time: float = 0.0
-    plain_decode_steps: int = 0
-    plain_decode_step_time: float = 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens a verify row emits on average: accepted draft tokens + the model's own."""
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
-
-    @property
-    def acceptance_per_pos(self) -> list[float]:
-        pairs = zip(self.accepted_per_pos, self.drafted_per_pos, strict=True)
-        return [a / d if d else 0.0 for a, d in pairs]
-
-
-@dataclass(frozen=True)
 class EngineCounters:
     cache: CacheCounters
     device: CacheStats
@@ -101,7 +73,7 @@ class EngineCounters:
     generation_tokens: int = 0
     occupancy: dict[str, TierOccupancy] = field(default_factory=dict)
     redis_nodes: dict[str, dict[str, int]] = field(default_factory=dict)  # "host:port" -> health
-    spec: SpecCounters = field(default_factory=SpecCounters)
+    spec: SpecStats = field(default_factory=SpecStats)  # a copy: speculative decoding
 
 
 def _redis_nodes(snap: EngineSnapshot) -> dict[str, dict[str, int]]:
@@ -152,20 +124,5 @@ def read_counters(snap: EngineSnapshot, output_tokens: int) -> EngineCounters:
         generation_tokens=totals.decode_tokens,
         occupancy=occupancy,
         redis_nodes=_redis_nodes(snap),
-        spec=_spec(snap),
-    )
-
-
-def _spec(snap: EngineSnapshot) -> SpecCounters:
-    s = snap.totals.spec
-    return SpecCounters(
-        num_drafts=s.num_drafts,
-        num_draft_tokens=s.num_draft_tokens,
-        num_accepted_tokens=s.num_accepted_tokens,
-        accepted_per_pos=tuple(s.accepted_per_pos),
-        drafted_per_pos=tuple(s.drafted_per_pos),
-        verify_steps=s.num_verify_steps,
-        verify_step_time=s.verify_step_time,
-        plain_decode_steps=s.num_plain_decode_steps,
-        plain_decode_step_time=s.plain_decode_step_time,
+        spec=totals.spec,
     )

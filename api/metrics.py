@@ -12,8 +12,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from api import metrics_vllm
-from api.engine_stats import EngineCounters, SpecCounters
+from api.engine_stats import EngineCounters
 from api.latency import LatencyRecorder
+from engine.spec.stats import SpecStats
 
 METRIC_NAMES = ("radixcache", "vllm")
 
@@ -85,7 +86,7 @@ class EngineCollector(Collector):
         yield from _redis_nodes(c.redis_nodes)
 
 
-def _spec_metrics(s: SpecCounters) -> Iterator[Metric]:
+def _spec_metrics(s: SpecStats) -> Iterator[Metric]:
     yield _counter("spec_decode_num_drafts", "Speculative drafts verified", s.num_drafts)
     yield _counter("spec_decode_num_draft_tokens", "Draft tokens verified", s.num_draft_tokens)
     yield _counter(

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from api.engine_stats import EngineCounters, SpecCounters
+from api.engine_stats import EngineCounters
+from engine.spec.stats import SpecStats
 
 LABELS = ["model_name", "engine"]  # vLLM labels every engine metric with both (engine "0": one)
 TTFT = "vllm:time_to_first_token_seconds"
@@ -61,7 +62,7 @@ class VllmCollector(Collector):
         )
         yield from self._spec(c.spec)
 
-    def _spec(self, s: SpecCounters) -> Iterator[Metric]:
+    def _spec(self, s: SpecStats) -> Iterator[Metric]:
         yield self._counter(
             "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", s.num_drafts
         )
