@@ -121,7 +121,8 @@ def read_counters(snap: EngineSnapshot, output_tokens: int) -> EngineCounters:
         waiting=snap.waiting,
         prompt_tokens=totals.prefill_tokens + totals.cached_tokens,
         prefill_tokens=totals.prefill_tokens,
-        generation_tokens=totals.decode_tokens,
+        # a verify row computes one decode token and emits its accepted draft tokens too
+        generation_tokens=totals.decode_tokens + totals.spec.num_accepted_tokens,
         occupancy=occupancy,
         redis_nodes=_redis_nodes(snap),
         spec=totals.spec,
