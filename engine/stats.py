@@ -56,12 +56,13 @@ class EngineStats:
         self.step_time += step.step_time
         self.forward_time += step.forward_time
         self.sample_time += step.sample_time
-        if step.num_draft_tokens:
-            self.spec.num_verify_steps += 1
-            self.spec.verify_step_time += step.step_time
-        elif step.num_decode_tokens and not step.num_prefill_tokens:
-            self.spec.num_plain_decode_steps += 1
-            self.spec.plain_decode_step_time += step.step_time
+        if step.num_decode_tokens and not step.num_prefill_tokens:  # decode-only steps
+            if step.num_draft_tokens:
+                self.spec.num_verify_steps += 1
+                self.spec.verify_step_time += step.step_time
+            else:
+                self.spec.num_plain_decode_steps += 1
+                self.spec.plain_decode_step_time += step.step_time
         self.recent.append(step)
 
     def add_cached(self, by_tier: dict[str, int]) -> None:

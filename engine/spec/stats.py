@@ -12,7 +12,7 @@ class SpecStats:
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)  # [j]: drafts whose token j held
     drafted_per_pos: list[int] = field(default_factory=list)  # [j]: drafts that had a token j
-    num_verify_steps: int = 0  # steps with at least one draft
+    num_verify_steps: int = 0  # decode-only steps (no prefill chunk) with at least one draft
     verify_step_time: float = 0.0
     num_plain_decode_steps: int = 0  # decode-only steps without drafts
     plain_decode_step_time: float = 0.0
