@@ -185,7 +185,12 @@ def main() -> None:
                 rows.append(row)
                 print_table([row])
             if args.vllm and os.path.exists(args.vllm):
-                rows += bench_vllm(args, name, batch, tok, vocab)
+                assert base is not None
+                for row in bench_vllm(args, name, batch, tok, vocab):
+                    if "tokens_per_s" in row:  # its speed over our "off" row's
+                        row["speedup"] = round(row["tokens_per_s"] / base["tokens_per_s"], 3)
+                    rows.append(row)
+                    print_table([row])
     print()
     print_table(rows)
     path = write_results(args.out, rows, model=args.model_path, dtype=args.dtype)
