@@ -9,6 +9,7 @@ from typing import Any
 
 from api.auth import Caller
 from api.engine_stats import CacheCounters, EngineCounters, NamespaceCounters
+from engine.spec.stats import SpecStats
 from radixcache.tier_names import TierName
 
 
@@ -56,6 +57,25 @@ def _namespaces(
     return rows
 
 
+def spec_report(s: SpecStats) -> dict[str, Any]:
+    """Speculative decoding: how many drafts the model agreed with, overall and by position."""
+    return {
+        "num_drafts": s.num_drafts,
+        "num_draft_tokens": s.num_draft_tokens,
+        "num_accepted_tokens": s.num_accepted_tokens,
+        "acceptance_rate": round(s.acceptance_rate, 6),
+        "mean_accepted_length": round(s.mean_accepted_length, 6),
+        "accepted_per_pos": list(s.accepted_per_pos),
+        "acceptance_per_pos": [round(r, 6) for r in s.acceptance_per_pos],
+        "verify_step_ms": _mean_ms(s.verify_step_time, s.num_verify_steps),
+        "plain_decode_step_ms": _mean_ms(s.plain_decode_step_time, s.num_plain_decode_steps),
+    }
+
+
+def _mean_ms(seconds: float, steps: int) -> float:
+    return round(1000 * seconds / steps, 3) if steps else 0.0
+
+
 def cache_report(
     counters: EngineCounters,
     window: tuple[CacheCounters, float],
@@ -90,6 +110,7 @@ def cache_report(
             "policy": cache.policy,
         },
     }
+    report["speculative"] = spec_report(counters.spec)
     if cache.miss_ratio_curve:
         report["miss_ratio_curve"] = [asdict(p) for p in cache.miss_ratio_curve]
     return report

@@ -16,6 +16,7 @@ from engine.config import EVICTION_POLICIES, EngineConfig
 from engine.dtypes import AUTO, DTYPES
 from engine.loader.default_model import DEFAULT_MODEL_NAME
 from engine.loader.named_models import NAMED_MODELS
+from engine.spec.config import SPECULATIVE_MODES
 from radixcache.tier_names import TierName
 from storage.config import DiskFsync, TierConfig, WritePolicy
 
@@ -156,6 +157,19 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--threads", type=int, default=None, help="torch threads; omitted: torch's default"
+    )
+    g.add_argument(
+        "--speculative",
+        choices=SPECULATIVE_MODES,
+        default=ENGINE.speculative,
+        help="speculative decoding drafts: ngram = the request's own prompt and output; cache = "
+        "the radix tree's cached continuation, then ngram, then the tenant's finished outputs",
+    )
+    g.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=ENGINE.num_speculative_tokens,
+        help="most draft tokens per sequence and step (the length adapts below it)",
     )
 
 
@@ -343,6 +357,8 @@ def engine_config(args: argparse.Namespace, model_path: Path) -> Any:
         tiers=tier_config(args),
         kv_events=events_config(args),
         deterministic=args.deterministic,
+        speculative=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.spec.stats import SpecStats
 from radixcache.tier_names import TierName
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ class EngineCounters:
     generation_tokens: int = 0
     occupancy: dict[str, TierOccupancy] = field(default_factory=dict)
     redis_nodes: dict[str, dict[str, int]] = field(default_factory=dict)  # "host:port" -> health
+    spec: SpecStats = field(default_factory=SpecStats)  # a copy: speculative decoding
 
 
 def _redis_nodes(snap: EngineSnapshot) -> dict[str, dict[str, int]]:
@@ -119,7 +121,9 @@ def read_counters(snap: EngineSnapshot, output_tokens: int) -> EngineCounters:
         waiting=snap.waiting,
         prompt_tokens=totals.prefill_tokens + totals.cached_tokens,
         prefill_tokens=totals.prefill_tokens,
-        generation_tokens=totals.decode_tokens,
+        # a verify row computes one decode token and emits its accepted draft tokens too
+        generation_tokens=totals.decode_tokens + totals.spec.num_accepted_tokens,
         occupancy=occupancy,
         redis_nodes=_redis_nodes(snap),
+        spec=totals.spec,
     )

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from api import metrics_vllm
 from api.engine_stats import EngineCounters
 from api.latency import LatencyRecorder
+from engine.spec.stats import SpecStats
 
 METRIC_NAMES = ("radixcache", "vllm")
 
@@ -48,6 +49,7 @@ class EngineCollector(Collector):
         yield _counter("prefill_tokens", "Prompt tokens computed (not cached)", c.prefill_tokens)
         yield _gauge("num_requests_running", "Requests being run", c.running)
         yield _gauge("num_requests_waiting", "Requests waiting for a slot", c.waiting)
+        yield from _spec_metrics(c.spec)
 
     def _own_metrics(self, c: EngineCounters) -> Iterator[Metric]:
         cache = c.cache
@@ -82,6 +84,28 @@ class EngineCollector(Collector):
         yield used
         yield used_bytes
         yield from _redis_nodes(c.redis_nodes)
+
+
+def _spec_metrics(s: SpecStats) -> Iterator[Metric]:
+    yield _counter("spec_decode_num_drafts", "Speculative drafts verified", s.num_drafts)
+    yield _counter("spec_decode_num_draft_tokens", "Draft tokens verified", s.num_draft_tokens)
+    yield _counter(
+        "spec_decode_num_accepted_tokens", "Draft tokens accepted", s.num_accepted_tokens
+    )
+    per_pos = CounterMetricFamily(
+        f"{PREFIX}_spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens accepted, by position in the draft",
+        labels=["position"],
+    )
+    for j, n in enumerate(s.accepted_per_pos):
+        per_pos.add_metric([str(j)], n)
+    yield per_pos
+    yield _gauge("spec_decode_acceptance_rate", "Accepted / drafted tokens", s.acceptance_rate)
+    yield _gauge(
+        "spec_decode_mean_accepted_length",
+        "Tokens emitted per verified draft (accepted + 1)",
+        s.mean_accepted_length,
+    )
 
 
 def _redis_nodes(nodes: dict[str, dict[str, int]]) -> Iterator[Metric]:

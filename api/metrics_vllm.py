@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from api.engine_stats import EngineCounters
+from engine.spec.stats import SpecStats
 
 LABELS = ["model_name", "engine"]  # vLLM labels every engine metric with both (engine "0": one)
 TTFT = "vllm:time_to_first_token_seconds"
@@ -59,6 +60,28 @@ class VllmCollector(Collector):
         yield self._gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage
         )
+        yield from self._spec(c.spec)
+
+    def _spec(self, s: SpecStats) -> Iterator[Metric]:
+        yield self._counter(
+            "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", s.num_drafts
+        )
+        yield self._counter(
+            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", s.num_draft_tokens
+        )
+        yield self._counter(
+            "vllm:spec_decode_num_accepted_tokens",
+            "Number of accepted tokens.",
+            s.num_accepted_tokens,
+        )
+        per_pos = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            labels=[*LABELS, "position"],
+        )
+        for j, n in enumerate(s.accepted_per_pos):
+            per_pos.add_metric([*self._labels, str(j)], n)
+        yield per_pos
 
     def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
         family = CounterMetricFamily(name, doc, labels=LABELS)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.dtypes import AUTO, DTYPES
+from engine.spec.config import DEFAULT_MODE, DEFAULT_NUM_TOKENS, SpecConfig
 from radixcache.policy import POLICIES
 
 if TYPE_CHECKING:
@@ -37,6 +38,9 @@ class EngineConfig:
     # attention through the native prefill kernel's fixed tiles, see make_attention_backend;
     # matmuls in calls of a row count this CPU's kernels agree on, see packed_linear)
     deterministic: bool = False
+    # speculative decoding (engine/spec): draft sources and the most draft tokens per step
+    speculative: str = DEFAULT_MODE
+    num_speculative_tokens: int = DEFAULT_NUM_TOKENS
 
     def __post_init__(self) -> None:
         if self.dtype != AUTO and self.dtype not in DTYPES:
@@ -58,6 +62,7 @@ class EngineConfig:
             raise ValueError("num_blocks must be positive")
         if self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory must be positive")
+        SpecConfig(self.speculative, self.num_speculative_tokens)  # ValueError when invalid
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

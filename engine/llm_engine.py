@@ -22,6 +22,7 @@ from engine.request import Prompt, Request, Sequence, token_array
 from engine.sampler import SamplerOutput, SampleRow
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledBatch
+from engine.spec.speculator import Drafted, build_speculator
 from engine.stats import EngineSnapshot, EngineStats, StepStats
 from engine.stop_checker import StopChecker
 from engine.structured.compiler import GrammarCompiler
@@ -63,6 +64,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
         self.analytics = CacheAnalytics(self.stats, self.scheduler, self.prefix_cache, self.tiers)
+        self.speculator = build_speculator(config, parts, self.stats.spec)
         self.load_poll_s = 0.005  # an idle step waits this long for a spill-tier load at most
 
     def close(self) -> None:
@@ -133,6 +135,8 @@ class LLMEngine:
                 self.scheduler.wait_for_loads(self.load_poll_s)
                 return []
             return self._unblock()
+        if self.speculator is not None:
+            self.speculator.draft(batch)
         stats = self._batch_stats(batch)
         self.guide.start(batch)  # constrained rows' masks fill while the forward runs
         try:
@@ -140,14 +144,15 @@ class LLMEngine:
         finally:
             self.guide.join()  # before a sampled token advances a matcher
         self._commit(batch)
-        rows, logits = self._sampling_rows(batch, result)
+        rows, logits, drafted = self._sampling_rows(batch, result)
         t1 = time.perf_counter()
         rows, logits, masks, dead = self.guide.select(rows, logits)
         sampled = self._sample(rows, logits, masks)
-        stats.sample_time = time.perf_counter() - t1
         for seq in dead:
             self._finish(seq, "error")
-        outputs = self._postprocess(rows, sampled, dead)
+        verified = self._verify(drafted)
+        stats.sample_time = time.perf_counter() - t1
+        outputs = self._postprocess(rows, sampled, dead + verified)
         stats.forward_time = result.forward_time
         stats.step_time = time.perf_counter() - t0
         self.stats.record(stats)
@@ -161,9 +166,40 @@ class LLMEngine:
 
     def _sampling_rows(
         self, batch: ScheduledBatch, result: ForwardResult
-    ) -> tuple[list[Sequence], torch.Tensor]:
-        """The sequences that sample this step, with their logits."""
-        return [batch.seqs[i] for i in result.sample_index], result.logits
+    ) -> tuple[list[Sequence], torch.Tensor, list[Drafted]]:
+        """The sequences that sample one token this step with their logits, and those that
+        verify a draft with theirs (1 + k rows each)."""
+        if result.num_rows is None:
+            return [batch.seqs[i] for i in result.sample_index], result.logits, []
+        plain: list[Sequence] = []
+        plain_rows: list[int] = []
+        drafted: list[Drafted] = []
+        row = 0
+        for b, n in zip(result.sample_index, result.num_rows, strict=True):
+            seq = batch.seqs[b]
+            if b in batch.drafts:
+                drafted.append(Drafted(seq, batch.drafts[b], result.logits[row : row + n]))
+            else:
+                plain.append(seq)
+                plain_rows.append(row)
+            row += n
+        return plain, result.logits[plain_rows], drafted
+
+    def _verify(self, drafted: list[Drafted]) -> list[Sequence]:
+        """Accepts each draft's tokens one by one; the verified KV goes to the tree, the
+        blocks past it are freed, and a sequence that stopped on the way is finished."""
+        if not drafted:
+            return []
+        assert self.speculator is not None
+        verified = self.speculator.verify(drafted, self.sampler, self._emit)
+        for v in verified:
+            # [0, computed + accepted): KV of real tokens; the rest of the draft's is dropped
+            v.seq.num_computed_tokens += v.accepted
+            self.kv.trim(v.seq)
+            self.kv.commit(v.seq)
+            if v.reason is not None:
+                self._finish(v.seq, v.reason)
+        return [v.seq for v in verified]
 
     def _sample(
         self, rows: list[Sequence], logits: torch.Tensor, masks: TokenMasks | None
@@ -173,9 +209,10 @@ class LLMEngine:
         return self.sampler(logits, [self._sample_row(s) for s in rows], masks)
 
     def _postprocess(
-        self, rows: list[Sequence], sampled: SamplerOutput, dead: list[Sequence]
+        self, rows: list[Sequence], sampled: SamplerOutput, others: list[Sequence]
     ) -> list[RequestOutput]:
-        touched: dict[str, Request] = {s.request.request_id: s.request for s in dead}
+        """`others`: sequences that changed outside `rows` (ended, or emitted verified drafts)."""
+        touched: dict[str, Request] = {s.request.request_id: s.request for s in others}
         for i, seq in enumerate(rows):
             lp = None if sampled.logprobs is None else sampled.logprobs[i]
             top = None if sampled.top_logprobs is None else sampled.top_logprobs[i]
@@ -191,6 +228,14 @@ class LLMEngine:
     def _append_token(
         self, seq: Sequence, token: int, logprob: float | None, top: dict | None
     ) -> None:
+        reason = self._emit(seq, token, logprob, top)
+        if reason is not None:
+            self._finish(seq, reason)
+
+    def _emit(
+        self, seq: Sequence, token: int, logprob: float | None, top: dict | None
+    ) -> str | None:
+        """Appends a sampled token and its logprobs; why seq stops after it, or None."""
         seq.token_ids.append(token)
         if seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
@@ -202,12 +247,13 @@ class LLMEngine:
         reason = self.stop.check(seq, token)
         if reason is None and seq.matcher is not None:
             reason = self.guide.advance(seq, token)  # the grammar wins over ignore_eos at its end
-        if reason is not None:
-            self._finish(seq, reason)
+        return reason
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason
         self.scheduler.remove(seq)
+        if self.speculator is not None:
+            self.speculator.finished(seq)
 
     def _unblock(self) -> list[RequestOutput]:
         """Nothing runs, yet the head of the queue cannot be admitted (pinned blocks hold the
@@ -233,6 +279,7 @@ class LLMEngine:
                 stats.num_decode_tokens += 1
             else:
                 stats.num_prefill_tokens += n
+        stats.num_draft_tokens = sum(len(d) for d in batch.drafts.values())
         return stats
 
     # --- sequences ---

@@ -20,9 +20,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class ForwardResult:
-    logits: torch.Tensor  # float32 [S, vocab]: one row per sampling sequence
-    sample_index: list[int]  # batch index (into batch.seqs) of each logits row
+    logits: torch.Tensor  # float32 [R, vocab]: num_rows[i] rows per sampling sequence i
+    sample_index: list[int]  # batch index (into batch.seqs) of each sampling sequence
     forward_time: float  # seconds inside the model (forward + logits)
+    num_rows: list[int] | None = None  # None: one row each; else 1 + its draft's length
 
 
 class ModelRunner:
@@ -34,13 +35,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> ForwardResult:
-        query_lens = batch.num_new_tokens
+        drafts = batch.drafts
         starts = [s.num_computed_tokens for s in batch.seqs]
-        seq_lens = [c + n for c, n in zip(starts, query_lens, strict=True)]
-        # new tokens of sequence b: token_ids[starts[b] : seq_lens[b]], rows cu[b]..cu[b+1]
+        chunk_ends = [c + n for c, n in zip(starts, batch.num_new_tokens, strict=True)]
+        # sequence b's rows cu[b]..cu[b+1]: token_ids[starts[b] : chunk_ends[b]], then its draft
         flat = array("q")
-        for seq, start, end in zip(batch.seqs, starts, seq_lens, strict=True):
+        for b, (seq, start, end) in enumerate(zip(batch.seqs, starts, chunk_ends, strict=True)):
             flat.extend(seq.token_ids[start:end])
+            flat.extend(drafts.get(b, ()))
+        query_lens = [n + len(drafts.get(b, ())) for b, n in enumerate(batch.num_new_tokens)]
+        seq_lens = [c + n for c, n in zip(starts, query_lens, strict=True)]
         input_ids = torch.from_numpy(np.frombuffer(flat, dtype=np.int64).copy()).to(self.device)
         positions = torch.from_numpy(compute_positions(query_lens, seq_lens)).to(self.device)
         meta = build_attention_metadata(
@@ -52,10 +56,11 @@ class ModelRunner:
         )
         sample_index = [
             b
-            for b, (s, end) in enumerate(zip(batch.seqs, seq_lens, strict=True))
+            for b, (s, end) in enumerate(zip(batch.seqs, chunk_ends, strict=True))
             if end == s.num_tokens
         ]
-        last_rows = np.cumsum(query_lens)[sample_index] - 1
+        num_rows = [1 + len(drafts.get(b, ())) for b in sample_index] if drafts else None
+        last_rows = _logit_rows(np.cumsum(query_lens)[sample_index], num_rows)
         t0 = time.perf_counter()
         with record_function(_range_name(query_lens, seq_lens)):
             hidden = self.model.forward(input_ids, positions, self.kv_cache.tensor, meta)
@@ -63,7 +68,15 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return ForwardResult(logits.cpu(), sample_index, time.perf_counter() - t0)
+        return ForwardResult(logits.cpu(), sample_index, time.perf_counter() - t0, num_rows)
+
+
+def _logit_rows(ends: np.ndarray, num_rows: list[int] | None) -> np.ndarray:
+    """The flat rows whose logits are taken: each sampling sequence's last num_rows rows (its
+    last chunk token, then its draft tokens), given where its rows end."""
+    if num_rows is None:
+        return ends - 1
+    return np.concatenate([np.arange(e - r, e) for e, r in zip(ends, num_rows, strict=True)])
 
 
 def _range_name(query_lens: list[int], seq_lens: list[int]) -> str:

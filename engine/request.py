@@ -88,6 +88,7 @@ class Sequence:
     first_token_time: float | None = None
     num_preemptions: int = 0
     matcher: Any = None  # engine.structured.matcher.SequenceMatcher when params.constraint
+    spec: Any = None  # engine.spec.proposer.SeqDrafts once it has been drafted for
 
     @property
     def params(self) -> SamplingParams:

@@ -6,6 +6,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.spec.stats import SpecStats
+
 if TYPE_CHECKING:
     from radixcache.stats import CacheStats
     from storage.store_stats import StoreSnapshot
@@ -21,6 +23,7 @@ class StepStats:
     step_time: float = 0.0  # seconds, whole step
     forward_time: float = 0.0  # seconds inside the model
     sample_time: float = 0.0  # seconds in the sampler
+    num_draft_tokens: int = 0  # speculative draft tokens verified this step
 
     @property
     def python_overhead(self) -> float:
@@ -41,6 +44,7 @@ class EngineStats:
     requests_finished: int = 0
     requests_aborted: int = 0
     requests_rejected: int = 0
+    spec: SpecStats = field(default_factory=SpecStats)  # speculative decoding
     recent: deque[StepStats] = field(default_factory=lambda: deque(maxlen=256))
 
     def record(self, step: StepStats) -> None:
@@ -52,6 +56,13 @@ class EngineStats:
         self.step_time += step.step_time
         self.forward_time += step.forward_time
         self.sample_time += step.sample_time
+        if step.num_decode_tokens and not step.num_prefill_tokens:  # decode-only steps
+            if step.num_draft_tokens:
+                self.spec.num_verify_steps += 1
+                self.spec.verify_step_time += step.step_time
+            else:
+                self.spec.num_plain_decode_steps += 1
+                self.spec.plain_decode_step_time += step.step_time
         self.recent.append(step)
 
     def add_cached(self, by_tier: dict[str, int]) -> None:
@@ -64,13 +75,19 @@ class EngineStats:
 
     def copy(self) -> EngineStats:
         return EngineStats(
-            **{k: v for k, v in vars(self).items() if k not in ("recent", "cached_tokens_by_tier")},
+            **{
+                k: v
+                for k, v in vars(self).items()
+                if k not in ("recent", "cached_tokens_by_tier", "spec")
+            },
             cached_tokens_by_tier=dict(self.cached_tokens_by_tier),
+            spec=self.spec.copy(),
             recent=deque(self.recent, maxlen=self.recent.maxlen),
         )
 
     def snapshot(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if k != "recent"}
+        out = {k: v for k, v in asdict(self).items() if k not in ("recent", "spec")}
+        out["spec"] = self.spec.snapshot()
         out["python_overhead"] = self.python_overhead
         out["python_overhead_per_step"] = self.python_overhead / max(1, self.num_steps)
         out["last_step"] = asdict(self.recent[-1]) if self.recent else None

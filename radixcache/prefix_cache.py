@@ -13,6 +13,7 @@ import numpy as np
 from radixcache.block_pool import BlockPool, BlockPoolError
 from radixcache.hashing import Namespace, block_hashes
 from radixcache.integrity import CacheParts, check_integrity
+from radixcache.lookahead import continuation
 from radixcache.mrc import DEFAULT_RATIOS, MissRatioCurve
 from radixcache.pinning import PinRegistry
 from radixcache.policy import EvictionPolicy, make_policy
@@ -130,6 +131,17 @@ class PrefixCache:
         holder = walk.partial or walk.node
         last = partial(tree.hash_of_block, holder, walk.blocks[-1]) if walk.blocks else None
         return MatchResult(walk.blocks, walk.num_tokens, walk.node, last)
+
+    def lookahead(
+        self, ns: Namespace, handle: NodeHandle | None, tail: Sequence[int], limit: int
+    ) -> list[int]:
+        """Up to `limit` cached tokens continuing a sequence whose locked prefix ends at `handle`
+        (None: nothing locked, the namespace root) and whose tokens after it are `tail`; the
+        tree is not touched (no recency, no stats). Drafts for speculative decoding."""
+        node = self.tree.roots.get(ns) if handle is None else handle
+        if node is None or node.ns != ns:
+            return []
+        return list(continuation(node, _as_tokens(tail), limit))
 
     def is_cached(self, block_id: int) -> bool:
         """True when the tree owns `block_id` (it may also carry private references)."""

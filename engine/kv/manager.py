@@ -5,6 +5,8 @@
   load_ready(seq)    its load is done or past its deadline: match it again to install the blocks
   can_fit(n)         n more blocks can be had (free + evictable)
   allocate(seq, n)   blocks for n more tokens, evicting when short
+  reserve_draft(seq, n)  free blocks only (no eviction) for up to n draft tokens after the chunk
+  trim(seq)          free the private blocks past seq's tokens (a verified draft's rejected rest)
   commit(seq)        hand newly full computed blocks to the tree
   free(seq)          drop everything seq holds (its tree blocks stay cached)
 
@@ -170,6 +172,26 @@ class KVCacheManager:
             return False
         seq.block_ids.extend(new)
         return True
+
+    def reserve_draft(self, seq: Sequence, num_scheduled: int, num_draft: int) -> int:
+        """Blocks for up to num_draft draft tokens after seq's scheduled chunk, from free blocks
+        only (a draft never evicts a cached block); the draft tokens they have room for."""
+        bs = self.block_size
+        end = seq.num_computed_tokens + num_scheduled
+        have = len(seq.block_ids)
+        want = blocks_for(end + num_draft, bs) - have
+        if want > 0:
+            new = self.cache.allocate(min(want, self.cache.num_free_blocks()))
+            seq.block_ids.extend(new or [])
+        return max(0, min(num_draft, len(seq.block_ids) * bs - end))
+
+    def trim(self, seq: Sequence) -> None:
+        """Frees the private blocks past what seq's tokens need (a rejected draft's slots)."""
+        keep = max(blocks_for(seq.num_tokens, self.block_size), seq.num_tree_blocks)
+        extra = seq.block_ids[keep:]
+        if extra:
+            del seq.block_ids[keep:]
+            self.cache.free(extra)
 
     def _take(self, n: int) -> list[int] | None:
         """`n` free block ids; when short, the policy's victims are evicted first and handed to

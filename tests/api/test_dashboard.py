@@ -165,6 +165,11 @@ def test_admin_sees_every_panel_with_the_stats_numbers(open_dashboard, dash_serv
     shown = page.locator("#hit-rate")
     assert float(shown.get_attribute("data-value")) == rate
     assert shown.inner_text() == f"{100 * rate:.2f}%"
+    spec = stats["speculative"]  # sampled answers: drafts rarely match, there may be none
+    shown_spec = page.locator("#spec-acceptance")
+    assert float(shown_spec.get_attribute("data-value")) == spec["acceptance_rate"]
+    rate_text = f"{100 * spec['acceptance_rate']:.2f}% / {spec['mean_accepted_length']:.2f}"
+    assert shown_spec.inner_text() == (rate_text if spec["num_drafts"] else "no drafts")
     hit_traces = {t["name"]: t for t in dash.traces("hit-rate")}
     assert {"hit rate", "device", "host", "tokens saved", "tokens computed"} <= set(hit_traces)
     assert max(v or 0 for v in hit_traces["host"]["y"]) > 0

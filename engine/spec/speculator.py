@@ -1,0 +1,175 @@
+"""Drafting before the forward and verification after it.
+
+draft(batch): each decoding sequence (not constrained: a grammar matcher advances only on
+sampled tokens) may get draft tokens, within the token budget the scheduled chunks left and the
+free KV blocks (never evicting). The runner then computes 1 + k rows for it.
+
+verify(...): position j of every live draft is sampled exactly as a plain decode step would
+sample it: the same logits processing (penalties see the tokens accepted before j), the same
+one uniform draw from the sequence's generator per emitted token. The draft token is accepted
+when the sample equals it. For a one-hot draft this is the exact rejection rule: the draft x
+is accepted with probability p(x), and a rejection's sample is distributed as p without x,
+renormalised; a seeded request consumes its generator as it would without speculation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.sampler import Sampler, SamplerOutput, SampleRow
+from engine.spec.config import SpecConfig
+from engine.spec.proposer import DraftProposer
+from engine.spec.stats import SpecStats
+from radixcache.suffix_index import SuffixIndex
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from engine.factory import EngineParts
+    from engine.kv import KVCacheManager
+    from engine.request import Sequence
+    from engine.scheduler import ScheduledBatch
+
+# emit(seq, token, logprob, top logprobs) -> why seq stops after the token, or None
+Emit = Callable[["Sequence", int, "float | None", "dict | None"], "str | None"]
+
+
+@dataclass
+class Drafted:
+    """A sequence that ran a draft, with its logits: row j predicts the token after draft[:j]."""
+
+    seq: Sequence
+    draft: list[int]
+    logits: torch.Tensor  # [len(draft) + 1, vocab]
+
+
+@dataclass
+class Verified:
+    seq: Sequence
+    drafted: int
+    accepted: int  # draft tokens the model agreed with (their KV is valid)
+    reason: str | None  # why the sequence stops, or None
+
+
+class Speculator:
+    def __init__(
+        self,
+        config: SpecConfig,
+        proposer: DraftProposer,
+        kv: KVCacheManager,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        stats: SpecStats,
+    ) -> None:
+        self.config = config
+        self.proposer = proposer
+        self.kv = kv
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.stats = stats
+
+    def draft(self, batch: ScheduledBatch) -> None:
+        """Fills batch.drafts (batch index -> draft tokens) and reserves their blocks."""
+        budget = self.max_num_batched_tokens - batch.num_tokens
+        for b, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
+            if budget <= 0:
+                break
+            if not self._decoding(seq, n):
+                continue
+            length = self.proposer.state(seq).length.next()
+            room = min(budget, self._room(seq), self.config.num_tokens)
+            if length <= 0 or room <= 0:
+                continue
+            draft = self.proposer.propose(seq, min(length, room), room)
+            k = self.kv.reserve_draft(seq, n, len(draft)) if draft else 0
+            if k > 0:
+                batch.drafts[b] = draft[:k]
+                budget -= k
+
+    @staticmethod
+    def _decoding(seq: Sequence, n: int) -> bool:
+        return (
+            n == 1
+            and seq.matcher is None
+            and seq.num_output_tokens > 0
+            and seq.num_computed_tokens + 1 == seq.num_tokens
+        )
+
+    def _room(self, seq: Sequence) -> int:
+        """Draft tokens that could all be emitted: one token always follows the accepted ones."""
+        left = min(
+            seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens
+        )
+        return left - 1
+
+    def verify(self, drafted: list[Drafted], sampler: Sampler, emit: Emit) -> list[Verified]:
+        """Samples position j of every draft still held, then j + 1, ...; emits each token."""
+        seqs = [d.seq for d in drafted]
+        drafts = [d.draft for d in drafted]
+        out = [Verified(d.seq, len(d.draft), 0, None) for d in drafted]
+        argmax = _plain_argmax(drafted)
+        live = list(range(len(drafted)))
+        j = 0
+        while live:
+            if argmax is not None:
+                sampled = SamplerOutput([argmax[i][j] for i in live], None, None)
+            else:
+                rows = [_sample_row(seqs[i]) for i in live]
+                sampled = sampler(torch.stack([drafted[i].logits[j] for i in live]), rows)
+            still = []
+            for r, i in enumerate(live):
+                token = sampled.token_ids[r]
+                lp = None if sampled.logprobs is None else sampled.logprobs[r]
+                top = None if sampled.top_logprobs is None else sampled.top_logprobs[r]
+                out[i].reason = emit(seqs[i], token, lp, top)
+                held = j < len(drafts[i]) and token == drafts[i][j]
+                out[i].accepted += held
+                if held and out[i].reason is None:
+                    still.append(i)
+            live, j = still, j + 1
+        for v in out:
+            self.stats.record_draft(v.drafted, v.accepted)
+            self.proposer.state(v.seq).length.record(v.drafted, v.accepted)
+        return out
+
+    def finished(self, seq: Sequence) -> None:
+        """A finished sequence's tokens (prompt and output) join its namespace's suffix index."""
+        if self.proposer.suffix_index is not None:
+            self.proposer.suffix_index.add(seq.request.namespace, seq.token_ids)
+
+
+def _plain_argmax(drafted: list[Drafted]) -> list[list[int]] | None:
+    """Every position's token at once when every row is greedy on the raw logits (no penalty,
+    bias or logprobs: nothing depends on the tokens accepted before), else None."""
+    for d in drafted:
+        p = d.seq.params
+        if not p.greedy or p.has_penalties or p.logit_bias or p.logprobs is not None:
+            return None
+    tokens = torch.cat([d.logits for d in drafted]).argmax(dim=-1).tolist()
+    out, start = [], 0
+    for d in drafted:
+        out.append(tokens[start : start + len(d.draft) + 1])
+        start += len(d.draft) + 1
+    return out
+
+
+def _sample_row(seq: Sequence) -> SampleRow:
+    return SampleRow(seq.params, seq.token_ids, seq.num_prompt_tokens, seq.generator)
+
+
+def build_speculator(
+    config: EngineConfig, parts: EngineParts, stats: SpecStats
+) -> Speculator | None:
+    """The engine's speculator per its config; None with speculation off."""
+    spec = SpecConfig(config.speculative, config.num_speculative_tokens)
+    if not spec.enabled:
+        return None
+    cache = spec.mode == "cache"
+    tree = parts.prefix_cache if cache and config.enable_prefix_caching else None
+    suffix = SuffixIndex(spec.suffix_index_tokens, spec.ngram_sizes) if cache else None
+    proposer = DraftProposer(spec, tree, suffix, config.block_size)
+    return Speculator(
+        spec, proposer, parts.kv, config.max_num_batched_tokens, parts.max_model_len, stats
+    )
