@@ -153,16 +153,17 @@ def vllm(args: argparse.Namespace, vocab: int) -> list[WindowRow]:
     for context in args.contexts:
         prompts = group_prompts(context, args.batch, vocab)
         timings = []
-        for wave in (prompts[:1], prompts[1:]):
+        for grouped, wave in ((False, prompts[:1]), (True, prompts[1:])):
             request = {
                 "model": args.model, "dtype": args.dtype_vllm, "caching": True,
                 "max_num_seqs": 16, "max_model_len": max(args.contexts) + args.out_tokens + 16,
-                "out_tokens": args.out_tokens, "warmup": prompts[0] if wave is not prompts[:1]
-                else random_tokens(random.Random(0), 64, vocab), "prompts": wave,
+                "out_tokens": args.out_tokens, "prompts": wave,
+                # the group's wave: its first request (the shared prefix) as the warm-up, kept
+                "warmup": prompts[0] if grouped else random_tokens(random.Random(0), 64, vocab),
+                "keep_warmup_cached": grouped,
             }  # fmt: skip
             timings.append(run_vllm(args.vllm_python, request))
         cold, group = timings
-        # the group ran after a warm-up of the shared prefix's first request: its cached TTFT
         ttft = statistics.median(group["ttft_s"])
         decode_s = group["total_s"] - max(group["ttft_s"])
         decoded = group["output_tokens"] - len(prompts[1:])

@@ -4,7 +4,7 @@ interpreter (its own venv) from benchmarks/bench_engine.py, never imported by ou
     VLLM_PYTHON benchmarks/vllm_runner.py REQUEST.json RESULT.json
 
 REQUEST: {"model", "dtype", "caching", "max_num_seqs", "max_model_len", "out_tokens",
-"warmup": [ids], and "prompts": [[ids]] (all at once) or "mt": {"system", "turns"} (turn by
+"warmup": [ids], optionally "keep_warmup_cached", and "prompts": [[ids]] (all at once) or "mt": {"system", "turns"} (turn by
 turn, each user's answer appended to its history)}.
 RESULT: {"total_s", "ttft_s": [per request], "output_tokens", "prompt_tokens", "version"}.
 """
@@ -63,7 +63,8 @@ def main() -> None:
         return answers
 
     llm.generate([{"prompt_token_ids": request["warmup"]}], params, use_tqdm=False)
-    llm.reset_prefix_cache()
+    if not request.get("keep_warmup_cached"):  # (bench_windows: the warm-up is the group's head)
+        llm.reset_prefix_cache()
     ttft.clear()
     t0 = time.perf_counter()
     if "prompts" in request:
