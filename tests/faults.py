@@ -99,13 +99,17 @@ class DiskFill:
 
 
 class DiskCorrupter:
-    """A thread that keeps flipping bytes (header or payload, size kept) of block files."""
+    """A thread that flips a byte (header or payload, size kept) of `share` of the block files
+    as they appear, each once, chosen at random; the others are spared, so reads keep hitting
+    however fast the machine corrupts (flipping every file it finds left none to hit)."""
 
     name = "disk-corrupt"
 
-    def __init__(self, root: Path, seed: int = 0) -> None:
+    def __init__(self, root: Path, seed: int = 0, share: float = 0.5) -> None:
         self.root = root
         self.rng = random.Random(seed)
+        self.share = share
+        self.seen: set[Path] = set()
         self.corrupted: set[Path] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="corrupter")
@@ -119,11 +123,14 @@ class DiskCorrupter:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            files = sorted(disk_files(self.root).items())
-            for path, size in self.rng.sample(files, min(4, len(files))):
-                with contextlib.suppress(FileNotFoundError):
-                    self._flip(path, size)
-            self._stop.wait(0.01)  # pacing: a few files every 10 ms
+            for path, size in sorted(disk_files(self.root).items()):
+                if path in self.seen:
+                    continue
+                self.seen.add(path)
+                if self.rng.random() < self.share:
+                    with contextlib.suppress(FileNotFoundError):
+                        self._flip(path, size)
+            self._stop.wait(0.01)
 
     def _flip(self, path: Path, size: int) -> None:
         at = self.rng.randrange(size) if self.rng.random() < 0.8 else self.rng.randrange(64)
