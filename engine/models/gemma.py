@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionBackend, AttentionMetadata
+from engine.attention import AttentionBackend
 from engine.models.config import ModelConfig
 from engine.models.gemma_config import GemmaOptions
 from engine.models.llama import DecoderLayer, LlamaForCausalLM, RowOps, _param
@@ -118,20 +118,10 @@ class GemmaForCausalLM(LlamaForCausalLM):
                 for name in self.layer_norms:
                     getattr(layer, name).add_(1.0)
 
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T] int64
-        positions: torch.Tensor,  # [T] int64
-        kv_cache: torch.Tensor,  # [layers, 2, num_blocks, bs, Hkv, D]
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        h = F.embedding(input_ids, self.embed_tokens) * self.embed_scale  # [T, hidden]
-        ropes = self.ropes.lookup(positions, meta.max_seqlen_k)  # local ones on sliding layers
-        plan = self.attention.plan(meta)
-        ops = self.row_ops
-        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, ropes, strict=True)):
-            h = layer(h, cos, sin, kv_cache[i, 0], kv_cache[i, 1], plan, self.attention, ops)
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed_tokens) * self.embed_scale
+
+    def final_norm(self, h: torch.Tensor, ops: RowOps) -> torch.Tensor:
         return _rows_norm(ops, h, self.norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()

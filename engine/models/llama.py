@@ -168,12 +168,18 @@ class LlamaForCausalLM(nn.Module):
         kv_cache: torch.Tensor,  # [layers, 2, num_blocks, bs, Hkv, D]
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        h = F.embedding(input_ids, self.embed_tokens)  # [T, hidden]
-        ropes = self.ropes.lookup(positions, meta.max_seqlen_k)
+        h = self.embed(input_ids)  # [T, hidden]
+        ropes = self.ropes.lookup(positions, meta.max_seqlen_k)  # a table per layer's rope
         plan = self.attention.plan(meta)
         ops = self.row_ops
         for i, (layer, (cos, sin)) in enumerate(zip(self.layers, ropes, strict=True)):
             h = layer(h, cos, sin, kv_cache[i, 0], kv_cache[i, 1], plan, self.attention, ops)
+        return self.final_norm(h, ops)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed_tokens)
+
+    def final_norm(self, h: torch.Tensor, ops: RowOps) -> torch.Tensor:
         return ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()
