@@ -4,10 +4,10 @@ finished requests (mode "cache"). Each source is scoped by the sequence's namesp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.spec.draft_length import DraftLength
+from engine.spec.draft_length import FirstTokenRates
 from engine.spec.prompt_lookup import PromptLookup
 
 if TYPE_CHECKING:
@@ -22,8 +22,10 @@ class SeqDrafts:
     """A sequence's drafting state (Sequence.spec)."""
 
     lookup: PromptLookup
-    length: DraftLength
+    first: FirstTokenRates = field(default_factory=FirstTokenRates)
     last_source: str = ""  # where the last draft came from
+    # (source, position, token): what a source would have drafted in a step it did not draft
+    shadow: tuple[str, int, int] | None = None
 
 
 class DraftProposer:
@@ -41,20 +43,18 @@ class DraftProposer:
 
     def state(self, seq: Sequence) -> SeqDrafts:
         if seq.spec is None:
-            cfg = self.config
-            seq.spec = SeqDrafts(PromptLookup(cfg.ngram_sizes), DraftLength(cfg.num_tokens))
+            seq.spec = SeqDrafts(PromptLookup(self.config.ngram_sizes))
         return seq.spec
 
-    def propose(self, seq: Sequence, k: int, tree_k: int | None = None) -> list[int]:
-        """Up to k draft tokens to follow seq.token_ids (empty: none worth a try); the tree's
-        continuation, the cached text itself, may give up to tree_k (default k)."""
+    def propose(self, seq: Sequence, k: int) -> tuple[str, list[int]]:
+        """(source, up to k draft tokens to follow seq.token_ids) from the first source that has
+        any; ("", []) when none has."""
         state = self.state(seq)
         for name, source in self._sources():
-            draft = source(seq, state, (tree_k or k) if name == "tree" else k)
+            draft = source(seq, state, k)
             if draft:
-                state.last_source = name
-                return draft
-        return []
+                return name, draft
+        return "", []
 
     def _sources(self):  # noqa: ANN202 - (name, callable) pairs, in order
         if self.prefix_cache is not None:

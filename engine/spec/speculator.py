@@ -1,8 +1,10 @@
 """Drafting before the forward and verification after it.
 
 draft(batch): each decoding sequence (not constrained: a grammar matcher advances only on
-sampled tokens) may get draft tokens, within the token budget the scheduled chunks left and the
-free KV blocks (never evicting). The runner then computes 1 + k rows for it.
+sampled tokens) may get draft tokens, as many as are expected to pay for their rows
+(engine/spec/draft_length.py, with the step cost fitted in engine/spec/step_cost.py), within the
+token budget the scheduled chunks left and the free KV blocks (never evicting). The runner then
+computes 1 + k rows for it.
 
 verify(...): position j of every live draft is sampled exactly as a plain decode step would
 sample it: the same logits processing (penalties see the tokens accepted before j), the same
@@ -21,8 +23,10 @@ import torch
 
 from engine.sampler import Sampler, SamplerOutput, SampleRow
 from engine.spec.config import SpecConfig
-from engine.spec.proposer import DraftProposer
+from engine.spec.draft_length import SourceRates, draft_length
+from engine.spec.proposer import DraftProposer, SeqDrafts
 from engine.spec.stats import SpecStats
+from engine.spec.step_cost import StepCost
 from radixcache.suffix_index import SuffixIndex
 
 if TYPE_CHECKING:
@@ -69,24 +73,60 @@ class Speculator:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.stats = stats
+        self.cost = StepCost()
+        self.rates: dict[str, SourceRates] = {}  # source -> its engine-wide acceptance
 
     def draft(self, batch: ScheduledBatch) -> None:
         """Fills batch.drafts (batch index -> draft tokens) and reserves their blocks."""
+        decoding = [
+            b
+            for b, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True))
+            if self._decoding(seq, n)
+        ]
+        if not decoding:
+            return
+        # a row's cost over a token's worth (what plain decoding pays for one token now)
+        worth = self.cost.seconds(batch.num_tokens) / len(decoding)
+        threshold = self.cost.line()[1] / worth if worth > 0 else 0.0
         budget = self.max_num_batched_tokens - batch.num_tokens
-        for b, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
-            if budget <= 0:
-                break
-            if not self._decoding(seq, n):
-                continue
-            length = self.proposer.state(seq).length.next()
+        for b in decoding:
+            seq = batch.seqs[b]
+            state = self.proposer.state(seq)
+            self._check_shadow(seq, state)
             room = min(budget, self._room(seq), self.config.num_tokens)
-            if length <= 0 or room <= 0:
+            if room <= 0:
                 continue
-            draft = self.proposer.propose(seq, min(length, room), room)
-            k = self.kv.reserve_draft(seq, n, len(draft)) if draft else 0
+            source, draft = self.proposer.propose(seq, room)
+            if not draft:
+                continue
+            rates = self._rates(source)
+            k = draft_length(state.first.get(source, rates), rates, threshold, len(draft))
+            if k == 0:
+                state.shadow = (source, seq.num_tokens, draft[0])
+                continue
+            k = self.kv.reserve_draft(seq, batch.num_new_tokens[b], k)
             if k > 0:
                 batch.drafts[b] = draft[:k]
+                state.last_source = source
                 budget -= k
+
+    def record_step(self, rows: int, seconds: float) -> None:
+        """A decode-only step's rows (decode tokens and drafts) and time, for the cost line."""
+        self.cost.record(rows, seconds)
+
+    def _rates(self, source: str) -> SourceRates:
+        return self.rates.setdefault(source, SourceRates())
+
+    def _check_shadow(self, seq: Sequence, state: SeqDrafts) -> None:
+        """Scores the token a source would have drafted last step against the one sampled."""
+        if state.shadow is None:
+            return
+        source, pos, token = state.shadow
+        state.shadow = None
+        if pos < seq.num_tokens:
+            hit = seq.token_ids[pos] == token
+            self._rates(source).record(1, int(hit))
+            state.first.observe(source, self._rates(source), hit)
 
     @staticmethod
     def _decoding(seq: Sequence, n: int) -> bool:
@@ -131,7 +171,10 @@ class Speculator:
             live, j = still, j + 1
         for v in out:
             self.stats.record_draft(v.drafted, v.accepted)
-            self.proposer.state(v.seq).length.record(v.drafted, v.accepted)
+            state = self.proposer.state(v.seq)
+            rates = self._rates(state.last_source)
+            rates.record(v.drafted, v.accepted)
+            state.first.observe(state.last_source, rates, v.accepted > 0)
         return out
 
     def finished(self, seq: Sequence) -> None:

@@ -1,12 +1,16 @@
-"""The drafting parts alone: prompt lookup over a growing sequence, and the adaptive length."""
+"""The drafting parts alone: prompt lookup over a growing sequence, the draft length from the
+chances and the step cost, the fitted step cost."""
 
 from __future__ import annotations
 
 import random
 from array import array
 
-from engine.spec.draft_length import FIRST_DRAFT, MAX_PAUSE, DraftLength
+import pytest
+
+from engine.spec.draft_length import FirstTokenRates, SourceRates, draft_length
 from engine.spec.prompt_lookup import PromptLookup
+from engine.spec.step_cost import StepCost
 
 
 def _tokens(ids: list[int]) -> array:
@@ -33,19 +37,46 @@ def test_growing_sequence_matches_a_fresh_index():
         assert grown.propose(seq, 4) == PromptLookup((4, 3, 2)).propose(seq, 4)
 
 
-def test_draft_length_grows_shrinks_and_pauses():
-    length = DraftLength(max_tokens=8)
-    assert length.next() == FIRST_DRAFT
-    length.record(2, 2)
-    assert length.next() == 4
-    length.record(4, 4)
-    assert length.next() == 8
-    length.record(8, 8)
-    assert length.next() == 8  # bounded
-    length.record(8, 3)
-    assert length.next() == 4  # one past what held
-    length.record(4, 0)
-    assert [length.next() for _ in range(3)] == [0, 0, 1]  # a miss pauses two steps
-    for _ in range(10):
-        length.record(1, 0)
-    assert length.pause == MAX_PAUSE
+def test_draft_length_follows_the_chances_and_the_threshold():
+    later = SourceRates()
+    for _ in range(30):  # a copy source: when its first token holds, the rest does
+        later.record(8, 8)
+    assert draft_length(0.9, later, threshold=0.2, max_tokens=8) == 8
+    assert draft_length(0.9, later, threshold=0.95, max_tokens=8) == 0  # rows too dear
+    assert draft_length(0.1, later, threshold=0.2, max_tokens=8) == 0
+    assert draft_length(0.1, later, threshold=0.03, max_tokens=8) == 8  # a small batch
+    fickle = SourceRates()
+    for _ in range(30):  # the second token holds half the time, the third never
+        fickle.record(4, 1)
+        fickle.record(4, 2)
+    assert fickle.rate(1) == pytest.approx(31 / 62) and fickle.rate(2) == pytest.approx(1 / 32)
+    assert draft_length(0.8, fickle, threshold=0.15, max_tokens=8) == 2  # 0.8, 0.4, 0.0125
+
+
+def test_first_token_rate_moves_with_what_is_observed():
+    engine_wide, first = SourceRates(), FirstTokenRates()
+    assert first.get("ngram", engine_wide) == 0.5  # nothing seen anywhere
+    for _ in range(12):
+        first.observe("ngram", engine_wide, hit=False)
+    assert first.get("ngram", engine_wide) < 0.05
+    assert first.get("tree", engine_wide) == 0.5  # per source
+    for _ in range(6):
+        first.observe("ngram", engine_wide, hit=True)
+    assert first.get("ngram", engine_wide) > 0.8
+
+
+def test_step_cost_fits_a_line_and_clips_outliers():
+    cost = StepCost()
+    assert cost.line() == (1.0, cost.prior_row_share)  # before any step: the prior share
+    for rows in [8, 16, 24, 40, 8, 12] * 5:
+        cost.record(rows, 0.018 + 0.0005 * rows)
+    fixed, per_row = cost.line()
+    assert fixed == pytest.approx(0.018, rel=1e-6) and per_row == pytest.approx(0.0005, rel=1e-6)
+    cost.record(8, 5.0)  # one stalled step counts as at most 3x the line
+    assert cost.seconds(8) < 0.1
+    flat = StepCost()
+    for _ in range(20):
+        flat.record(8, 0.02)
+    fixed, per_row = flat.line()  # rows never varied: the prior share, same mean
+    assert per_row == pytest.approx(flat.prior_row_share * fixed)
+    assert fixed + 8 * per_row == pytest.approx(0.02)
