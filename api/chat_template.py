@@ -1,28 +1,13 @@
-"""The one chat renderer of the server's routes and the router (api/router/tokenize.py): a model
-folder's chat templates (the default, a `tool_use` variant where tokenizer_config has one, and
-radixcache's ChatML hermes tool template for ChatML models whose own template cannot render
-tools), rendered in the environment transformers' apply_chat_template gives a template. Same
-messages and tools -> the same text, so the server and the router tokenize to the same ids and a
-second call with the same tools hits the cache on the whole tools block. Engine-free (the router
-never imports the engine)."""
+"""The server's and the router's chat templates: radixcache's one renderer (radixcache/
+chat_template.py, which the engine's tokenizer uses too), its refusals as TemplateErrors that name
+the request's field at fault (a 400), and the request's chat_template_kwargs checked."""
 
 from __future__ import annotations
 
-import importlib.resources
-import json
-import re
-from dataclasses import dataclass, field
-from datetime import datetime
-from functools import cache
-from pathlib import Path
-from typing import Any
+from radixcache import chat_template
+from radixcache.chat_template import ChatPrompt, NoChatTemplate, ToolsUnsupported
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-HERMES_TEMPLATE_FILE = "chatml_hermes_tools.jinja"
 _RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "documents"})
-_MENTIONS_TOOLS = re.compile(r"\btools\b")
 
 
 class TemplateError(ValueError):
@@ -33,90 +18,15 @@ class TemplateError(ValueError):
         self.param = param
 
 
-@dataclass(frozen=True)
-class ChatPrompt:
-    """What a chat request gives the template."""
-
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None  # OpenAI tool objects ({"type", "function"})
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def uses_tools(self) -> bool:
-        return bool(self.tools) or any(
-            m.get("role") == "tool" or m.get("tool_calls") for m in self.messages
-        )
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(x: Any, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
-    return json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-@cache
-def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)
-
-
-def hermes_template() -> str:
-    return importlib.resources.files("api").joinpath("templates", HERMES_TEMPLATE_FILE).read_text()
-
-
-def can_render_tools(source: str) -> bool:
-    return bool(_MENTIONS_TOOLS.search(source))
-
-
-@dataclass(frozen=True)
-class ChatTemplates:
-    default: str | None
-    tool_use: str | None = None  # tokenizer_config's named `tool_use` variant
-    special_tokens: dict[str, str | None] = field(default_factory=dict)
-
-    @staticmethod
-    def from_folder(folder: Path) -> ChatTemplates:
-        folder = Path(folder)
-        config = _read_json(folder / "tokenizer_config.json")
-        template = config.get("chat_template")
-        tool_use = None
-        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-            by_name = {t["name"]: t["template"] for t in template}
-            template = by_name.get("default", next(iter(by_name.values()), None))
-            tool_use = by_name.get("tool_use")
-        jinja_file = folder / "chat_template.jinja"
-        if template is None and jinja_file.exists():
-            template = jinja_file.read_text()
-        names = ("bos_token", "eos_token", "unk_token", "pad_token")
-        special = {n: _token_text(config.get(n)) for n in names}
-        return ChatTemplates(template, tool_use, special)
-
+class ChatTemplates(chat_template.ChatTemplates):
     def source_for(self, prompt: ChatPrompt) -> str:
         """The template to render `prompt` with; TemplateError when none can render its tools."""
-        if self.default is None:
-            raise TemplateError(
-                "This model has no chat template (a base model?): use /v1/completions"
-            )
-        if not prompt.uses_tools:
-            return self.default
-        for source in (self.tool_use, self.default):
-            if source is not None and can_render_tools(source):
-                return source
-        if "<|im_start|>" in self.default:  # ChatML: radixcache's hermes tool template
-            return hermes_template()
-        raise TemplateError(
-            "This model's chat template cannot render tools or tool messages",
-            param="tools" if prompt.tools else "messages",
-        )
+        try:
+            return super().source_for(prompt)
+        except NoChatTemplate as exc:
+            raise TemplateError(f"{exc}: use /v1/completions") from exc
+        except ToolsUnsupported as exc:
+            raise TemplateError(str(exc), param="tools" if prompt.tools else "messages") from exc
 
     def render(self, prompt: ChatPrompt, add_generation_prompt: bool = True) -> str:
         bad = _RESERVED & prompt.template_kwargs.keys()
@@ -124,21 +34,9 @@ class ChatTemplates:
             raise TemplateError(
                 f"chat_template_kwargs may not set {sorted(bad)}", param="chat_template_kwargs"
             )
-        template = compile_template(self.source_for(prompt))
-        variables = {**self.special_tokens, **prompt.template_kwargs}
-        if prompt.tools:
-            variables["tools"] = prompt.tools
         try:
-            return template.render(
-                messages=prompt.messages, add_generation_prompt=add_generation_prompt, **variables
-            )
+            return super().render(prompt, add_generation_prompt)
+        except TemplateError:  # source_for's refusals, already named
+            raise
         except Exception as exc:  # the template refuses the request's roles, order or fields
             raise TemplateError(f"Cannot apply the chat template: {exc}") from exc
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _token_text(token: Any) -> str | None:
-    return token.get("content") if isinstance(token, dict) else token

@@ -18,7 +18,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from api.chat_template import ChatPrompt
 from api.protocol_tools import (
     DeltaToolCall,
     MessageToolCall,
@@ -28,6 +27,7 @@ from api.protocol_tools import (
     ToolChoice,
     Tools,
 )
+from radixcache.chat_template import ChatPrompt
 
 MAX_N = 16
 MAX_STOP = 16

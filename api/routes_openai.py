@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
 
 from api.auth import identify
-from api.chat_template import ChatPrompt, ChatTemplates, TemplateError
+from api.chat_template import ChatTemplates, TemplateError
 from api.errors import ApiError, parse_body
 from api.generation import ClientDisconnected, Timing, collect_final, open_streams
 from api.protocol import (
@@ -52,6 +52,7 @@ from api.validation import (
 )
 from engine.outputs import Completion, RequestResult
 from engine.request import GenerateJob, Prompt
+from radixcache.chat_template import ChatPrompt
 
 router = APIRouter()
 
@@ -90,7 +91,8 @@ async def list_models(request: Request) -> ModelList:
 def _chat_prompt_ids(
     engine: AsyncEngine, templates: ChatTemplates, prompt: ChatPrompt
 ) -> list[int]:
-    """The server's and the router's one rendering (api/chat_template.py), then the tokenizer."""
+    """The one rendering of the server, the router and the engine (radixcache/chat_template.py,
+    through api/chat_template.py), then the tokenizer."""
     try:
         text = templates.render(prompt)
     except TemplateError as exc:  # template errors are the request's fault (roles, order)

@@ -11,12 +11,13 @@ from fastapi import APIRouter, Request
 from pydantic import Field, RootModel
 
 from api.auth import identify
-from api.chat_template import ChatPrompt, ChatTemplates, TemplateError
+from api.chat_template import ChatTemplates, TemplateError
 from api.errors import ApiError, parse_body
 from api.protocol import ChatMessage, _Request, template_message
 from api.protocol_tools import Tools
 from api.state import ServerState, state_of
 from api.validation import check_model, check_token_ids
+from radixcache.chat_template import ChatPrompt
 
 router = APIRouter()
 

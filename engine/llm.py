@@ -67,11 +67,14 @@ class LLM:
         messages: Messages | Sequence[Messages],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
+        tools: list[dict[str, Any]] | None = None,
         cache_salt: str = "",
     ) -> list[RequestResult]:
+        """Each conversation rendered with the model's chat template (with `tools`, OpenAI tool
+        objects, where given: the same renderer and text as the server's and the router's)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [
-            self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True)
+            self.tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tools=tools)
             for m in conversations
         ]
         return self.generate(prompts, params, cache_salt=cache_salt)

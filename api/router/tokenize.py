@@ -1,7 +1,7 @@
 """The router's tokenizer: the model folder's tokenizer.json (torch-free) and its chat templates,
-rendered by the very function the replicas' routes use (api/chat_template.py: same messages and
-tools -> same text; the text is encoded without adding special tokens), the rendered text
-tokenized stretch by stretch (segment_tokenizer.py)."""
+rendered by the very function the replicas' routes and engines use (radixcache/chat_template.py:
+same messages and tools -> same text; the text is encoded without adding special tokens), the
+rendered text tokenized stretch by stretch (segment_tokenizer.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from typing import Any
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from api.chat_template import ChatPrompt, ChatTemplates
+from api.chat_template import ChatTemplates
 from api.router.segment_tokenizer import SegmentTokenizer
+from radixcache.chat_template import ChatPrompt
 
 Chat = ChatPrompt | list[dict[str, Any]]  # a prompt, or plain messages without tools
 

@@ -183,6 +183,17 @@ def test_chat_uses_template_and_stops_at_eos(tiny_llama):
     assert out.outputs[0].finish_reason in ("stop", "length")
 
 
+def test_chat_renders_tools_with_the_shared_template(tiny_llama):
+    llm = _llm(tiny_llama)
+    messages = [{"role": "user", "content": "weather?"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    params = SamplingParams(temperature=0, max_tokens=1)
+    out = llm.chat(messages, params, tools=tools)[0]
+    assert out.prompt_token_ids == llm.tokenizer.apply_chat_template(messages, tools=tools)
+    assert "get_weather" in llm.tokenizer.decode(out.prompt_token_ids)
+    assert out.prompt_token_ids != llm.chat(messages, params)[0].prompt_token_ids
+
+
 def test_request_blocked_by_pinned_blocks_is_aborted_not_spun(tiny_llama):
     llm = _llm(tiny_llama, num_blocks=16)
     prompt = _tokens(36, 40)
