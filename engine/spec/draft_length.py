@@ -9,7 +9,8 @@ only sources that are usually right draft at all.
 The chance is a chain: the sequence's own recent rate of a source's first token (kept up to date
 while it does not draft: the token the source would have drafted is checked against the one
 sampled, so a source that starts to fit the text is noticed), then the source's engine-wide rate
-of each next token, given that the ones before it held."""
+of each next token, given that the ones before it held. Of the sources that have a draft, the one
+with the largest expected net gain drafts; the others' first tokens are scored as if they had."""
 
 from __future__ import annotations
 
@@ -59,8 +60,17 @@ class FirstTokenRates:
 def draft_length(first: float, later: SourceRates, threshold: float, max_tokens: int) -> int:
     """The most tokens whose every one is accepted with a chance above `threshold` (a row's
     cost over a token's worth): the first with chance `first`, each next one with later's rate."""
-    chance, k = first, 0
+    return draft_plan(first, later, threshold, max_tokens)[0]
+
+
+def draft_plan(
+    first: float, later: SourceRates, threshold: float, max_tokens: int
+) -> tuple[int, float]:
+    """(draft_length's k, the draft's expected net gain: accepted tokens expected, less what
+    its rows cost in tokens' worth), so the sources of one sequence can be compared."""
+    chance, k, gain = first, 0, 0.0
     while k < max_tokens and chance > threshold:
         k += 1
+        gain += chance - threshold
         chance *= later.rate(k)
-    return k
+    return k, gain

@@ -24,8 +24,9 @@ class SeqDrafts:
     lookup: PromptLookup
     first: FirstTokenRates = field(default_factory=FirstTokenRates)
     last_source: str = ""  # where the last draft came from
-    # (source, position, token): what a source would have drafted in a step it did not draft
-    shadow: tuple[str, int, int] | None = None
+    # source -> (position, token): the first token a source would have drafted in a step it
+    # did not draft, scored against the sampled one
+    shadows: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class DraftProposer:
@@ -46,15 +47,16 @@ class DraftProposer:
             seq.spec = SeqDrafts(PromptLookup(self.config.ngram_sizes))
         return seq.spec
 
-    def propose(self, seq: Sequence, k: int) -> tuple[str, list[int]]:
-        """(source, up to k draft tokens to follow seq.token_ids) from the first source that has
-        any; ("", []) when none has."""
+    def proposals(self, seq: Sequence, k: int) -> list[tuple[str, list[int]]]:
+        """(source, up to k draft tokens to follow seq.token_ids) of every source that has any,
+        best expected source first."""
         state = self.state(seq)
+        out = []
         for name, source in self._sources():
             draft = source(seq, state, k)
             if draft:
-                return name, draft
-        return "", []
+                out.append((name, draft))
+        return out
 
     def _sources(self):  # noqa: ANN202 - (name, callable) pairs, in order
         if self.prefix_cache is not None:

@@ -23,7 +23,7 @@ import torch
 
 from engine.sampler import Sampler, SamplerOutput, SampleRow
 from engine.spec.config import SpecConfig
-from engine.spec.draft_length import SourceRates, draft_length
+from engine.spec.draft_length import SourceRates, draft_plan
 from engine.spec.proposer import DraftProposer, SeqDrafts
 from engine.spec.stats import SpecStats
 from engine.spec.step_cost import StepCost
@@ -92,22 +92,24 @@ class Speculator:
         for b in decoding:
             seq = batch.seqs[b]
             state = self.proposer.state(seq)
-            self._check_shadow(seq, state)
+            self._score_shadows(seq, state)
             room = min(budget, self._room(seq), self.config.num_tokens)
             if room <= 0:
                 continue
-            source, draft = self.proposer.propose(seq, room)
-            if not draft:
+            best, best_k, best_gain, best_draft = "", 0, 0.0, []
+            for source, draft in self.proposer.proposals(seq, room):
+                rates = self._rates(source)
+                k, gain = draft_plan(state.first.get(source, rates), rates, threshold, len(draft))
+                state.shadows[source] = (seq.num_tokens, draft[0])
+                if gain > best_gain:
+                    best, best_k, best_gain, best_draft = source, k, gain, draft
+            if best_k == 0:
                 continue
-            rates = self._rates(source)
-            k = draft_length(state.first.get(source, rates), rates, threshold, len(draft))
-            if k == 0:
-                state.shadow = (source, seq.num_tokens, draft[0])
-                continue
-            k = self.kv.reserve_draft(seq, batch.num_new_tokens[b], k)
+            del state.shadows[best]  # scored by verify instead
+            k = self.kv.reserve_draft(seq, batch.num_new_tokens[b], best_k)
             if k > 0:
-                batch.drafts[b] = draft[:k]
-                state.last_source = source
+                batch.drafts[b] = best_draft[:k]
+                state.last_source = best
                 budget -= k
 
     def record_step(self, rows: int, seconds: float) -> None:
@@ -117,16 +119,15 @@ class Speculator:
     def _rates(self, source: str) -> SourceRates:
         return self.rates.setdefault(source, SourceRates())
 
-    def _check_shadow(self, seq: Sequence, state: SeqDrafts) -> None:
-        """Scores the token a source would have drafted last step against the one sampled."""
-        if state.shadow is None:
-            return
-        source, pos, token = state.shadow
-        state.shadow = None
-        if pos < seq.num_tokens:
-            hit = seq.token_ids[pos] == token
-            self._rates(source).record(1, int(hit))
-            state.first.observe(source, self._rates(source), hit)
+    def _score_shadows(self, seq: Sequence, state: SeqDrafts) -> None:
+        """Scores the first tokens the sources would have drafted last step against the one
+        sampled."""
+        for source, (pos, token) in state.shadows.items():
+            if pos < seq.num_tokens:
+                hit = seq.token_ids[pos] == token
+                self._rates(source).record(1, int(hit))
+                state.first.observe(source, self._rates(source), hit)
+        state.shadows.clear()
 
     @staticmethod
     def _decoding(seq: Sequence, n: int) -> bool:

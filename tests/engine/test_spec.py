@@ -183,7 +183,7 @@ def test_drafts_never_cross_namespaces(make_llm):
         engine.add_request(rid, Prompt(prompt), GREEDY, cache_salt=salt)
         engine.step()  # prefill and the first token
         (seq,) = engine.requests[rid].seqs
-        drafts[salt] = proposer.propose(seq, 8)[1]
+        drafts[salt] = proposer.proposals(seq, 8)
         engine.abort(rid)
     assert drafts["a"] and drafts["b"] == [] and drafts[""] == []
     assert _released(llm)

@@ -8,7 +8,7 @@ from array import array
 
 import pytest
 
-from engine.spec.draft_length import FirstTokenRates, SourceRates, draft_length
+from engine.spec.draft_length import FirstTokenRates, SourceRates, draft_length, draft_plan
 from engine.spec.prompt_lookup import PromptLookup
 from engine.spec.step_cost import StepCost
 
@@ -51,6 +51,18 @@ def test_draft_length_follows_the_chances_and_the_threshold():
         fickle.record(4, 2)
     assert fickle.rate(1) == pytest.approx(31 / 62) and fickle.rate(2) == pytest.approx(1 / 32)
     assert draft_length(0.8, fickle, threshold=0.15, max_tokens=8) == 2  # 0.8, 0.4, 0.0125
+
+
+def test_draft_plan_prefers_the_source_with_the_larger_expected_gain():
+    copy, fickle = SourceRates(), SourceRates()
+    for _ in range(30):
+        copy.record(8, 8)
+        fickle.record(4, 1)
+    k_copy, gain_copy = draft_plan(0.6, copy, threshold=0.1, max_tokens=8)
+    k_fickle, gain_fickle = draft_plan(0.9, fickle, threshold=0.1, max_tokens=8)
+    assert (k_copy, k_fickle) == (8, 1)  # a likelier first token, but nothing after it
+    assert gain_copy > gain_fickle > 0
+    assert draft_plan(0.05, copy, threshold=0.1, max_tokens=8) == (0, 0.0)
 
 
 def test_first_token_rate_moves_with_what_is_observed():
