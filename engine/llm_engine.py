@@ -156,7 +156,7 @@ class LLMEngine:
         stats.forward_time = result.forward_time
         stats.step_time = time.perf_counter() - t0
         self.stats.record(stats)
-        if self.speculator is not None and stats.num_decode_tokens and not stats.num_prefill_tokens:
+        if self.speculator is not None and stats.decode_only:
             rows = stats.num_decode_tokens + stats.num_draft_tokens
             self.speculator.record_step(rows, stats.step_time)
         return outputs

@@ -29,6 +29,10 @@ class StepStats:
     def python_overhead(self) -> float:
         return max(0.0, self.step_time - self.forward_time - self.sample_time)
 
+    @property
+    def decode_only(self) -> bool:
+        return bool(self.num_decode_tokens) and not self.num_prefill_tokens
+
 
 @dataclass
 class EngineStats:
@@ -56,7 +60,7 @@ class EngineStats:
         self.step_time += step.step_time
         self.forward_time += step.forward_time
         self.sample_time += step.sample_time
-        if step.num_decode_tokens and not step.num_prefill_tokens:  # decode-only steps
+        if step.decode_only:
             if step.num_draft_tokens:
                 self.spec.num_verify_steps += 1
                 self.spec.verify_step_time += step.step_time

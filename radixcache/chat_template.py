@@ -71,6 +71,7 @@ def compile_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
+@cache
 def hermes_template() -> str:
     files = importlib.resources.files("radixcache")
     return files.joinpath("templates", HERMES_TEMPLATE_FILE).read_text()

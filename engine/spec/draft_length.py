@@ -57,17 +57,13 @@ class FirstTokenRates:
         self.rates[source] = rate + FIRST_RATE_WEIGHT * (float(hit) - rate)
 
 
-def draft_length(first: float, later: SourceRates, threshold: float, max_tokens: int) -> int:
-    """The most tokens whose every one is accepted with a chance above `threshold` (a row's
-    cost over a token's worth): the first with chance `first`, each next one with later's rate."""
-    return draft_plan(first, later, threshold, max_tokens)[0]
-
-
 def draft_plan(
     first: float, later: SourceRates, threshold: float, max_tokens: int
 ) -> tuple[int, float]:
-    """(draft_length's k, the draft's expected net gain: accepted tokens expected, less what
-    its rows cost in tokens' worth), so the sources of one sequence can be compared."""
+    """(k, gain): k, the most tokens whose every one is accepted with a chance above `threshold`
+    (a row's cost over a token's worth), the first with chance `first`, each next one with
+    later's rate; gain, the accepted tokens expected less what the k rows cost in tokens' worth,
+    so the sources of one sequence can be compared."""
     chance, k, gain = first, 0, 0.0
     while k < max_tokens and chance > threshold:
         k += 1

@@ -49,7 +49,7 @@ class DraftProposer:
 
     def proposals(self, seq: Sequence, k: int) -> list[tuple[str, list[int]]]:
         """(source, up to k draft tokens to follow seq.token_ids) of every source that has any,
-        best expected source first."""
+        in the sources' order."""
         state = self.state(seq)
         out = []
         for name, source in self._sources():

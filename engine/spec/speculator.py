@@ -86,8 +86,9 @@ class Speculator:
         if not decoding:
             return
         # a row's cost over a token's worth (what plain decoding pays for one token now)
-        worth = self.cost.seconds(batch.num_tokens) / len(decoding)
-        threshold = self.cost.line()[1] / worth if worth > 0 else 0.0
+        fixed, per_row = self.cost.line()
+        worth = (fixed + per_row * batch.num_tokens) / len(decoding)
+        threshold = per_row / worth if worth > 0 else 0.0
         budget = self.max_num_batched_tokens - batch.num_tokens
         for b in decoding:
             seq = batch.seqs[b]
@@ -124,10 +125,14 @@ class Speculator:
         sampled."""
         for source, (pos, token) in state.shadows.items():
             if pos < seq.num_tokens:
-                hit = seq.token_ids[pos] == token
-                self._rates(source).record(1, int(hit))
-                state.first.observe(source, self._rates(source), hit)
+                self._observe(state, source, 1, int(seq.token_ids[pos] == token))
         state.shadows.clear()
+
+    def _observe(self, state: SeqDrafts, source: str, drafted: int, accepted: int) -> None:
+        """A draft's (or a shadow's) outcome, into the source's rates and the sequence's."""
+        rates = self._rates(source)
+        rates.record(drafted, accepted)
+        state.first.observe(source, rates, accepted > 0)
 
     @staticmethod
     def _decoding(seq: Sequence, n: int) -> bool:
@@ -173,9 +178,7 @@ class Speculator:
         for v in out:
             self.stats.record_draft(v.drafted, v.accepted)
             state = self.proposer.state(v.seq)
-            rates = self._rates(state.last_source)
-            rates.record(v.drafted, v.accepted)
-            state.first.observe(state.last_source, rates, v.accepted > 0)
+            self._observe(state, state.last_source, v.drafted, v.accepted)
         return out
 
     def finished(self, seq: Sequence) -> None:

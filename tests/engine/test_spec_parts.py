@@ -8,7 +8,7 @@ from array import array
 
 import pytest
 
-from engine.spec.draft_length import FirstTokenRates, SourceRates, draft_length, draft_plan
+from engine.spec.draft_length import FirstTokenRates, SourceRates, draft_plan
 from engine.spec.prompt_lookup import PromptLookup
 from engine.spec.step_cost import StepCost
 
@@ -41,16 +41,16 @@ def test_draft_length_follows_the_chances_and_the_threshold():
     later = SourceRates()
     for _ in range(30):  # a copy source: when its first token holds, the rest does
         later.record(8, 8)
-    assert draft_length(0.9, later, threshold=0.2, max_tokens=8) == 8
-    assert draft_length(0.9, later, threshold=0.95, max_tokens=8) == 0  # rows too dear
-    assert draft_length(0.1, later, threshold=0.2, max_tokens=8) == 0
-    assert draft_length(0.1, later, threshold=0.03, max_tokens=8) == 8  # a small batch
+    assert draft_plan(0.9, later, threshold=0.2, max_tokens=8)[0] == 8
+    assert draft_plan(0.9, later, threshold=0.95, max_tokens=8)[0] == 0  # rows too dear
+    assert draft_plan(0.1, later, threshold=0.2, max_tokens=8)[0] == 0
+    assert draft_plan(0.1, later, threshold=0.03, max_tokens=8)[0] == 8  # a small batch
     fickle = SourceRates()
     for _ in range(30):  # the second token holds half the time, the third never
         fickle.record(4, 1)
         fickle.record(4, 2)
     assert fickle.rate(1) == pytest.approx(31 / 62) and fickle.rate(2) == pytest.approx(1 / 32)
-    assert draft_length(0.8, fickle, threshold=0.15, max_tokens=8) == 2  # 0.8, 0.4, 0.0125
+    assert draft_plan(0.8, fickle, threshold=0.15, max_tokens=8)[0] == 2  # 0.8, 0.4, 0.0125
 
 
 def test_draft_plan_prefers_the_source_with_the_larger_expected_gain():
