@@ -134,6 +134,17 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--num-blocks", type=int, default=None, help="KV blocks (overrides --kv-memory)")
     g.add_argument(
+        "--num-window-blocks",
+        type=int,
+        default=ENGINE.num_window_blocks,
+        help="blocks of the sliding-window layers' own pool; omitted: sized from the budget",
+    )
+    g.add_argument(
+        "--no-release-window-blocks",
+        action="store_true",
+        help="sequences keep their sliding-window layers' out-of-window blocks (to measure)",
+    )
+    g.add_argument(
         "--max-model-len",
         type=int,
         default=None,
@@ -348,6 +359,8 @@ def engine_config(args: argparse.Namespace, model_path: Path) -> Any:
         block_size=args.block_size,
         kv_cache_memory=args.kv_memory,
         num_blocks=args.num_blocks,
+        num_window_blocks=args.num_window_blocks,
+        release_window_blocks=not args.no_release_window_blocks,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,

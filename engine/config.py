@@ -24,6 +24,10 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_memory: int = 1 << 30  # bytes for the paged KV tensor
     num_blocks: int | None = None  # overrides kv_cache_memory when set
+    # sliding-window layers (a window shorter than the context) keep a pool of their own:
+    # its blocks (None: sized for as many sequences as the full pool, engine/hybrid_kv_cache.py)
+    num_window_blocks: int | None = None
+    release_window_blocks: bool = True  # False: sequences keep out-of-window blocks (to measure)
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None = the model's max_position_embeddings
@@ -60,6 +64,8 @@ class EngineConfig:
             )
         if self.num_blocks is not None and self.num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
+        if self.num_window_blocks is not None and self.num_window_blocks <= 0:
+            raise ValueError("num_window_blocks must be positive")
         if self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory must be positive")
         SpecConfig(self.speculative, self.num_speculative_tokens)  # ValueError when invalid

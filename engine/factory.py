@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.dtypes import resolve_dtype
+from engine.hybrid_kv_cache import HybridKVCache, KVGroups
 from engine.kv import KVCacheManager, NoPrefixCacheManager
 from engine.kv.tiers import KVTiers
 from engine.kv_cache import DTYPES, KVCache
@@ -18,6 +19,7 @@ from engine.sampler import Sampler
 from engine.scheduler import Scheduler
 from radixcache.hashing import Namespace
 from radixcache.prefix_cache import PrefixCache
+from radixcache.window_blocks import WindowBlocks
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -53,28 +55,31 @@ def build_parts(config: EngineConfig) -> EngineParts:
     max_model_len = min(
         config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
     )
-    kv_cache = KVCache.from_budget(
-        mc.num_hidden_layers,
-        config.block_size,
-        mc.num_key_value_heads,
-        mc.head_dim,
-        dtype,
-        device,
-        memory_bytes=config.kv_cache_memory,
-        num_blocks=config.num_blocks,
-    )
+    kv_cache = _build_kv_cache(config, mc, dtype, device, max_model_len)
+    windows = None
+    if isinstance(kv_cache, HybridKVCache):
+        windows = WindowBlocks(
+            kv_cache.num_window_blocks,
+            kv_cache.num_blocks,
+            config.block_size,
+            kv_cache.groups.window,
+        )
     prefix_cache = PrefixCache(
-        kv_cache.num_blocks, config.block_size, policy=config.eviction_policy
+        kv_cache.num_blocks, config.block_size, policy=config.eviction_policy, windows=windows
     )
     publisher, sink = _build_events(config)
-    tiers = _build_tiers(config, kv_cache, sink)
+    tiers = _build_tiers(config, kv_cache, sink, windows)
     if config.enable_prefix_caching:
         listeners = tuple(x for x in (tiers, sink) if x is not None)
         kv: KVCacheManager = KVCacheManager(
-            prefix_cache, kv_cache, tiers=tiers, listeners=listeners
+            prefix_cache,
+            kv_cache,
+            tiers=tiers,
+            listeners=listeners,
+            release_window_blocks=config.release_window_blocks,
         )
     else:
-        kv = NoPrefixCacheManager(prefix_cache, kv_cache)
+        kv = NoPrefixCacheManager(prefix_cache, kv_cache, config.release_window_blocks)
     scheduler = Scheduler(
         kv,
         config.max_num_seqs,
@@ -100,6 +105,38 @@ def build_parts(config: EngineConfig) -> EngineParts:
     )
 
 
+def _build_kv_cache(
+    config: EngineConfig, mc: Any, dtype: torch.dtype, device: torch.device, max_model_len: int
+) -> KVCache:
+    """One paged pool, or two when some layers' windows are shorter than the context."""
+    groups = KVGroups.of(mc.layer_windows, max_model_len)
+    if groups is None:
+        return KVCache.from_budget(
+            mc.num_hidden_layers,
+            config.block_size,
+            mc.num_key_value_heads,
+            mc.head_dim,
+            dtype,
+            device,
+            memory_bytes=config.kv_cache_memory,
+            num_blocks=config.num_blocks,
+        )
+    return HybridKVCache.build(
+        groups,
+        block_size=config.block_size,
+        num_kv_heads=mc.num_key_value_heads,
+        head_dim=mc.head_dim,
+        dtype=dtype,
+        device=device,
+        max_model_len=max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        max_chunk=config.max_num_batched_tokens,
+        memory_bytes=config.kv_cache_memory,
+        num_blocks=config.num_blocks,
+        num_window_blocks=config.num_window_blocks,
+    )
+
+
 def _build_events(config: EngineConfig) -> tuple[ZmqEventPublisher | None, KVEventSink | None]:
     if config.kv_events is None or not config.enable_prefix_caching:
         return None, None
@@ -110,10 +147,13 @@ def _build_events(config: EngineConfig) -> tuple[ZmqEventPublisher | None, KVEve
 
 
 def _build_tiers(
-    config: EngineConfig, kv_cache: KVCache, sink: KVEventSink | None
+    config: EngineConfig,
+    kv_cache: KVCache,
+    sink: KVEventSink | None,
+    windows: WindowBlocks | None,
 ) -> KVTiers | None:
     if config.tiers is None:
         return None
     from storage.tiered import TieredStore
 
-    return KVTiers(TieredStore(config.tiers, observer=sink), kv_cache)
+    return KVTiers(TieredStore(config.tiers, observer=sink), kv_cache, windows)

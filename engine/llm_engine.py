@@ -49,7 +49,7 @@ class LLMEngine:
         self.tiers = parts.tiers
         self.kv_events = parts.kv_events
         self.kv = parts.kv
-        self.cache_admin = CacheAdmin(parts.kv, self.namespace_for)
+        self.cache_admin = CacheAdmin(parts.kv, self.namespace_for, parts.scheduler.holders)
         self.scheduler = parts.scheduler
         self.runner = parts.runner
         self.sampler = parts.sampler

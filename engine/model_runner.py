@@ -12,6 +12,8 @@ import torch
 from torch.profiler import record_function
 
 from engine.attention import build_attention_metadata, compute_positions
+from engine.hybrid_kv_cache import HybridKVCache
+from engine.models.llama import WindowedKV
 
 if TYPE_CHECKING:
     from engine.kv_cache import KVCache
@@ -54,6 +56,17 @@ class ModelRunner:
             self.block_size,
             self.device,
         )
+        windowed = None
+        if isinstance(self.kv_cache, HybridKVCache):
+            window_meta = build_attention_metadata(
+                query_lens,
+                seq_lens,
+                [s.window_block_ids for s in batch.seqs],
+                self.block_size,
+                self.device,
+            )
+            layers = self.kv_cache.groups.window_layers
+            windowed = WindowedKV(self.kv_cache.window_tensor, window_meta, layers)
         sample_index = [
             b
             for b, (s, end) in enumerate(zip(batch.seqs, chunk_ends, strict=True))
@@ -63,7 +76,7 @@ class ModelRunner:
         last_rows = _logit_rows(np.cumsum(query_lens)[sample_index], num_rows)
         t0 = time.perf_counter()
         with record_function(_range_name(query_lens, seq_lens)):
-            hidden = self.model.forward(input_ids, positions, self.kv_cache.tensor, meta)
+            hidden = self.model.forward(input_ids, positions, self.kv_cache.tensor, meta, windowed)
             rows = torch.from_numpy(last_rows.astype(np.int64)).to(self.device)
             logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
         if self.device.type == "cuda":

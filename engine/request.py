@@ -73,6 +73,10 @@ class Sequence:
     block_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose KV sits in block_ids
     num_tree_blocks: int = 0  # leading blocks held by the tree (locked through `handle`)
+    # a hybrid KV cache's windowed layers: their block of each of block_ids' token blocks, the
+    # null block 0 for the first num_window_released (out of the window: let go)
+    window_block_ids: list[int] = field(default_factory=list)
+    num_window_released: int = 0
     handle: Any = None  # locked radix node; None = nothing locked
     num_cached_tokens: int = 0  # prefix reused at (first) admission: device + lower tiers
     cached_by_tier: dict[str, int] = field(default_factory=dict)  # TierName -> tokens

@@ -87,6 +87,10 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         self.kv.free(seq)
 
+    def holders(self) -> list[Sequence]:
+        """The sequences that may hold KV blocks (a waiting one holds none)."""
+        return self.running + self.loading + self.ready
+
     # --- one step ---
     def schedule(self) -> ScheduledBatch:
         self._collect_loads()

@@ -27,6 +27,7 @@ from radixcache.results import (
     StaleHandleError,
 )
 from radixcache.stats import CacheStats, MissRatioPoint, NamespaceStats, PrefixInfo, prefix_info
+from radixcache.window_blocks import WindowBlocks, WindowStats
 
 
 def _as_tokens(tokens: Sequence[int] | np.ndarray) -> Tokens:
@@ -53,10 +54,12 @@ class PrefixCache:
         policy: EvictionPolicy | str | None = None,
         hash_fn: HashFn = block_hashes,
         mrc_sample_rate: float | None = -1.0,
+        windows: WindowBlocks | None = None,
     ) -> None:
         """`policy`: an EvictionPolicy or its name ("lru", the default, or "freq-ageing").
         `mrc_sample_rate`: share of blocks the miss-ratio curve samples; None turns it off,
-        the default samples one block per 4,096 tokens."""
+        the default samples one block per 4,096 tokens. `windows`: the sliding-window layers'
+        twins of the cached blocks (a hybrid model); they go when their blocks are evicted."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_pinned_blocks = int(max_pinned_fraction * num_blocks)
@@ -72,6 +75,7 @@ class PrefixCache:
         self.tree = RadixTree(block_size, policy, hash_fn, mrc)
         self.pins = PinRegistry(self.tree, self.max_pinned_blocks)
         self._ns_stats: dict[Namespace, NamespaceStats] = {}
+        self.windows = windows
 
     # --- block ownership ---
     def num_free_blocks(self) -> int:
@@ -267,7 +271,15 @@ class PrefixCache:
             hash_collisions=tree.collisions,
             namespaces={ns: NamespaceStats(**vars(s)) for ns, s in self._ns_stats.items()},
             miss_ratio_curve=self.miss_ratio_curve(),
+            windows=self._window_stats(),
         )
+
+    def _window_stats(self) -> WindowStats | None:
+        if self.windows is None:
+            return None
+        stats = self.windows.stats()
+        stats.tombstones = self.tree.num_cached - stats.cached
+        return stats
 
     def miss_ratio_curve(self, ratios: Sequence[float] = DEFAULT_RATIOS) -> list[MissRatioPoint]:
         """Estimated LRU block hit rate at other pool sizes (empty when sampling is off)."""
@@ -293,7 +305,9 @@ class PrefixCache:
         nodes.sort(key=lambda n: (n.hits, n.end_depth), reverse=True)
         return [prefix_info(n, preview) for n in nodes[:limit]]
 
-    def check_integrity(self) -> None:
+    def check_integrity(self, window_refs: dict[int, int] | None = None) -> None:
+        """`window_refs`: each window block's references counted from the sequences' tables
+        (checked against the window pool's counts when given)."""
         parts = CacheParts(
             self.pool,
             self.tree,
@@ -302,6 +316,9 @@ class PrefixCache:
             self.max_pinned_blocks,
         )
         check_integrity(parts)
+        if self.windows is not None:
+            cached = {b for n in self.tree.iter_nodes() for b in n.blocks}
+            self.windows.check_integrity(cached, window_refs)
 
     # --- helpers ---
     def _release(self, victims: list[Victim]) -> list[EvictedBlock]:
@@ -311,7 +328,8 @@ class PrefixCache:
         for v in victims:
             n, ns = len(v.blocks), v.node.ns
             per_block = np.frombuffer(v.tokens, dtype=np.int64).reshape(n, bs).tolist()  # in C
-            fields = zip(v.blocks, repeat(ns, n), v.hashes, per_block, strict=True)  # type: ignore[arg-type]
+            twins = repeat(0, n) if self.windows is None else map(self.windows.twin_of, v.blocks)
+            fields = zip(v.blocks, repeat(ns, n), v.hashes, per_block, twins, strict=True)  # type: ignore[arg-type]
             evicted += map(new, repeat(EvictedBlock, n), fields)  # EvictedBlock(*f), in C
         self._free_victims(victims)
         return evicted
@@ -324,6 +342,8 @@ class PrefixCache:
         for v in victims:
             self._stats_of(v.node.ns).evicted_blocks += len(v.blocks)  # type: ignore[arg-type]
             blocks += v.blocks
+        if self.windows is not None:
+            self.windows.drop(blocks)
         self.pool.release_owned(blocks)
 
     def _stats_of(self, ns: Namespace) -> NamespaceStats:

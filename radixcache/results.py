@@ -55,6 +55,7 @@ class EvictedBlock(NamedTuple):
     namespace: Namespace
     block_hash: int
     tokens: list[int]
+    window_block: int = 0  # its windowed layers' twin (a hybrid cache), 0: none
 
 
 class StaleHandleError(ValueError):

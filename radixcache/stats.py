@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from radixcache.hashing import Namespace
 from radixcache.radix_node import Node
+from radixcache.window_blocks import WindowStats
 
 
 @dataclass
@@ -45,6 +46,7 @@ class CacheStats:
     hash_collisions: int
     namespaces: dict[Namespace, NamespaceStats] = field(default_factory=dict)
     miss_ratio_curve: list[MissRatioPoint] = field(default_factory=list)
+    windows: WindowStats | None = None  # the sliding-window layers' pool (hybrid models)
 
     def total(self) -> NamespaceStats:
         out = NamespaceStats()

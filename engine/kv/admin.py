@@ -13,6 +13,7 @@ from radixcache.tier_names import SPILL_TIERS, TierName
 
 if TYPE_CHECKING:
     from engine.kv.manager import KVCacheManager
+    from engine.request import Sequence
     from radixcache.hashing import Namespace
     from radixcache.stats import CacheStats, PrefixInfo
 
@@ -22,9 +23,16 @@ T = TypeVar("T")
 class CacheAdmin:
     """What the operations act on: the manager, and the engine's tenant namespaces."""
 
-    def __init__(self, kv: KVCacheManager, namespace_for: Callable[[str], Namespace]) -> None:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        namespace_for: Callable[[str], Namespace],
+        holders: Callable[[], list[Sequence]] = list,
+    ) -> None:
+        """`holders`: the sequences that may hold blocks now (what the integrity check counts)."""
         self.kv = kv
         self.namespace_for = namespace_for
+        self.holders = holders
 
     def run(self, op: AdminOp[T]) -> T:
         return op.apply(self)
@@ -114,4 +122,4 @@ class CheckIntegrity(AdminOp[None]):
     """Raises IntegrityError on a leaked block or a broken invariant of the cache."""
 
     def apply(self, admin: CacheAdmin) -> None:
-        admin.kv.cache.check_integrity()
+        admin.kv.check_integrity(admin.holders())

@@ -16,25 +16,38 @@ A sequence's table is [tree blocks | private blocks]:
   block_ids[:num_tree_blocks]  held by the radix tree, kept alive by locking `seq.handle`
   block_ids[num_tree_blocks:]  private to the sequence (one reference each in the pool)
 
+A hybrid KV cache (sliding-window layers in a pool of their own, engine/hybrid_kv_cache.py) adds
+a second table, `seq.window_block_ids`, the same length: the windowed layers' block of each token
+block. A match is cut to where the windowed layers have the blocks they read (the last W - 1
+tokens before the hit); after each commit the blocks that fell out of the sequence's window are
+let go (a cached block's windowed twin stays cached, evictable on its own: radixcache's
+WindowBlocks); growth takes a block in each pool.
+
 Prefix caching off is its own class (engine/kv/no_cache.py).
 """
 
 from __future__ import annotations
 
 import time
+from array import array
+from collections import Counter
 from enum import Enum
 from typing import TYPE_CHECKING
 
 from engine.kv.listeners import CacheListener, Committed
 from engine.request import Sequence
 from radixcache.hashing import block_hashes
+from radixcache.integrity import IntegrityError
 from radixcache.tier_names import TierName
+from radixcache.window_blocks import NULL_BLOCK
 
 if TYPE_CHECKING:
     from engine.kv.tiers import KVTiers
     from engine.kv_cache import KVCache
     from radixcache.hashing import Namespace
     from radixcache.prefix_cache import PrefixCache
+    from radixcache.results import MatchResult
+    from radixcache.window_blocks import WindowBlocks
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -54,8 +67,13 @@ class KVCacheManager:
         *,
         tiers: KVTiers | None = None,
         listeners: tuple[CacheListener, ...] = (),
+        release_window_blocks: bool = True,
     ) -> None:
+        """`release_window_blocks`: let go of a sequence's windowed-layer blocks that fell out of
+        its window (a hybrid cache; off only to measure what releasing saves)."""
         self.cache = cache
+        self.windows: WindowBlocks | None = cache.windows
+        self.release_window_blocks = release_window_blocks
         self.kv_cache = kv_cache
         self.tiers = tiers
         self.listeners = listeners
@@ -91,22 +109,47 @@ class KVCacheManager:
         return self.cache.peek(self._ns(seq), seq.token_ids[:-1]).num_tokens
 
     def can_fit(self, num_blocks: int) -> bool:
-        return self.cache.can_allocate(num_blocks)
+        windows = self.windows
+        fits = windows is None or windows.can_allocate(num_blocks)
+        return fits and self.cache.can_allocate(num_blocks)
 
     def _match_device(self, seq: Sequence) -> int | None:
         if not self._shares(seq):
             seq.handle, seq.block_ids, seq.num_tree_blocks, seq.num_computed_tokens = None, [], 0, 0
+            seq.window_block_ids, seq.num_window_released = [], 0
             return None
-        match = self.cache.match(self._ns(seq), seq.token_ids[:-1])
+        match = self._lookup(self._ns(seq), seq.token_ids[:-1])
         self.cache.lock(match.handle)
         seq.handle = match.handle
         seq.block_ids = list(match.block_ids)
         seq.num_tree_blocks = len(match.block_ids)
         seq.num_computed_tokens = match.num_tokens
+        if self.windows is not None:
+            self._hold_twins(seq, self.windows)
         if seq.num_preemptions == 0:
             seq.num_cached_tokens = match.num_tokens
             seq.cached_by_tier = {TierName.DEVICE: match.num_tokens}
         return match.last_hash
+
+    def _lookup(self, ns: Namespace, tokens: array) -> MatchResult:
+        """The tree's match of `tokens`; with windowed layers, cut to where their blocks are."""
+        windows = self.windows
+        if windows is None:
+            return self.cache.match(ns, tokens)
+        full = self.cache.peek(ns, tokens)
+        keep = windows.cut(full.block_ids)
+        windows.record_match(full.num_tokens, keep * self.block_size)
+        return self.cache.match(ns, tokens[: keep * self.block_size])
+
+    def _hold_twins(self, seq: Sequence, windows: WindowBlocks) -> None:
+        """seq's window table over its matched blocks: the twins its window reads, held."""
+        first = max(0, seq.num_tree_blocks - windows.needed)
+        table = [NULL_BLOCK] * first
+        for f in seq.block_ids[first:]:
+            w = windows.twin_of(f)
+            windows.hold(w)
+            table.append(w)
+        seq.window_block_ids, seq.num_window_released = table, first
 
     def _start_load(self, seq: Sequence, last_hash: int | None, tiers: KVTiers) -> bool:
         """Starts loading the full blocks of tokens[:-1] after the device match; False when
@@ -129,11 +172,21 @@ class KVCacheManager:
         ids = self._take(len(loaded.blocks)) if loaded.blocks else None
         if not ids:
             return
-        self.tiers.write(ids, loaded)
+        windows, window_ids = self.windows, []
+        if windows is not None:  # only the blocks the window of the next token reads
+            tail = windows.allocate(min(len(ids), windows.needed))
+            if tail is None:
+                self.cache.free(ids)
+                return
+            window_ids = [NULL_BLOCK] * (len(ids) - len(tail)) + tail
+            seq.window_block_ids += window_ids
+        self.tiers.write(ids, loaded, window_ids)
         bs = self.block_size
         seq.block_ids += ids
         seq.num_computed_tokens += len(ids) * bs
         self._commit(seq, loaded=True)
+        if windows is not None and self.release_window_blocks:
+            self._release_out_of_window(seq, windows)
         if seq.num_preemptions == 0:
             seq.num_cached_tokens += len(ids) * bs
             for name in loaded.tiers:
@@ -151,8 +204,16 @@ class KVCacheManager:
         full = self.cache.peek(self._ns(seq), seq.token_ids)
         if full.num_tokens != seq.num_tokens:
             return
+        windows, last = self.windows, full.block_ids[-1]
+        if windows is not None:
+            twin = windows.twin_of(last)
+            if twin == NULL_BLOCK or windows.num_free() < 1:
+                return
+            (window_copy,) = windows.allocate(1)  # type: ignore[misc]
+            self.kv_cache.copy_window_block(twin, window_copy)  # type: ignore[attr-defined]
+            seq.window_block_ids.append(window_copy)
         (copy,) = self.cache.allocate(1)
-        self.kv_cache.copy_block(full.block_ids[-1], copy)
+        self.kv_cache.copy_block(last, copy)
         seq.block_ids.append(copy)
         seq.num_computed_tokens = seq.num_tokens - 1
         if seq.num_preemptions == 0:
@@ -167,10 +228,15 @@ class KVCacheManager:
         missing = target - len(seq.block_ids)
         if missing <= 0:
             return True
+        windows = self.windows
+        if windows is not None and not windows.can_allocate(missing):
+            return False
         new = self._take(missing)
         if new is None:
             return False
         seq.block_ids.extend(new)
+        if windows is not None:
+            seq.window_block_ids += windows.allocate(missing)  # type: ignore[operator]
         return True
 
     def reserve_draft(self, seq: Sequence, num_scheduled: int, num_draft: int) -> int:
@@ -181,8 +247,11 @@ class KVCacheManager:
         have = len(seq.block_ids)
         want = blocks_for(end + num_draft, bs) - have
         if want > 0:
-            new = self.cache.allocate(min(want, self.cache.num_free_blocks()))
-            seq.block_ids.extend(new or [])
+            n = min(want, self.cache.num_free_blocks())
+            if self.windows is not None:
+                n = min(n, self.windows.num_free())
+                seq.window_block_ids += self.windows.allocate(n, evict=False)  # type: ignore[operator]
+            seq.block_ids.extend(self.cache.allocate(n) or [])
         return max(0, min(num_draft, len(seq.block_ids) * bs - end))
 
     def trim(self, seq: Sequence) -> None:
@@ -192,6 +261,9 @@ class KVCacheManager:
         if extra:
             del seq.block_ids[keep:]
             self.cache.free(extra)
+        if self.windows is not None and len(seq.window_block_ids) > keep:
+            self.windows.release(seq.window_block_ids[keep:])
+            del seq.window_block_ids[keep:]
 
     def _take(self, n: int) -> list[int] | None:
         """`n` free block ids; when short, the policy's victims are evicted first and handed to
@@ -222,6 +294,19 @@ class KVCacheManager:
         """Hands newly full, computed blocks to the tree (dedup: switch to the tree's copy)."""
         if self._shares(seq):
             self._commit(seq, loaded=False)
+        if self.windows is not None and self.release_window_blocks:
+            self._release_out_of_window(seq, self.windows)
+
+    def _release_out_of_window(self, seq: Sequence, windows: WindowBlocks) -> None:
+        """Lets go of the window blocks wholly before the window of seq's next token (at
+        num_computed_tokens, it reads keys from num_computed_tokens - W + 1 on)."""
+        end = (seq.num_computed_tokens - windows.window + 1) // self.block_size
+        start = seq.num_window_released
+        if end > start:
+            table = seq.window_block_ids
+            windows.release(table[start:end])
+            table[start:end] = [NULL_BLOCK] * (end - start)
+            seq.num_window_released = end
 
     def _commit(self, seq: Sequence, loaded: bool) -> None:
         num_full = seq.num_computed_tokens // self.block_size
@@ -236,6 +321,8 @@ class KVCacheManager:
         if duplicates:
             self.cache.free(duplicates)
         seq.block_ids[:num_full] = result.block_ids
+        if self.windows is not None:
+            self._commit_twins(seq, self.windows, num_full)
         self.cache.lock(result.handle)
         if seq.handle is not None:
             self.cache.unlock(seq.handle)
@@ -256,6 +343,22 @@ class KVCacheManager:
                 listener.blocks_committed(committed)
         seq.num_tree_blocks = num_full
 
+    def _commit_twins(self, seq: Sequence, windows: WindowBlocks, num_full: int) -> None:
+        """The newly committed blocks' window blocks become their twins; where the tree's block
+        already has one, seq switches to it and lets its own copy go."""
+        table = seq.window_block_ids
+        for i in range(seq.num_tree_blocks, num_full):
+            f, w = seq.block_ids[i], table[i]
+            if w == NULL_BLOCK:
+                continue
+            twin = windows.twin_of(f)
+            if twin == NULL_BLOCK:
+                windows.adopt(f, w)
+            elif twin != w:
+                windows.hold(twin)
+                windows.release((w,))
+                table[i] = twin
+
     # --- release ---
     def free(self, seq: Sequence) -> None:
         """Drops everything the sequence holds; its tree blocks stay cached (evictable)."""
@@ -265,12 +368,27 @@ class KVCacheManager:
         private = seq.block_ids[seq.num_tree_blocks :]
         if private:
             self.cache.free(private)
+        if self.windows is not None:
+            self.windows.release(seq.window_block_ids)
+            seq.window_block_ids, seq.num_window_released = [], 0
         if seq.handle is not None:
             self.cache.unlock(seq.handle)
         seq.handle = None
         seq.block_ids = []
         seq.num_tree_blocks = 0
         seq.num_computed_tokens = 0
+
+    # --- checks ---
+    def check_integrity(self, holders: list[Sequence]) -> None:
+        """The cache's invariants; with windowed layers also every window block's references
+        against the tables of `holders` (the sequences that hold blocks)."""
+        refs = None
+        if self.windows is not None:
+            refs = Counter(w for s in holders for w in s.window_block_ids if w != NULL_BLOCK)
+            for s in holders:
+                if len(s.window_block_ids) != len(s.block_ids):
+                    raise IntegrityError(f"sequence {s.seq_id}: tables of unequal length")
+        self.cache.check_integrity(refs)
 
     def _shares(self, seq: Sequence) -> bool:
         """Whether seq's blocks go through the tree (always, with prefix caching on)."""

@@ -16,8 +16,10 @@ if TYPE_CHECKING:
 
 
 class NoPrefixCacheManager(KVCacheManager):
-    def __init__(self, cache: PrefixCache, kv_cache: KVCache) -> None:
-        super().__init__(cache, kv_cache)
+    def __init__(
+        self, cache: PrefixCache, kv_cache: KVCache, release_window_blocks: bool = True
+    ) -> None:
+        super().__init__(cache, kv_cache, release_window_blocks=release_window_blocks)
 
     def free(self, seq: Sequence) -> None:
         super().free(seq)

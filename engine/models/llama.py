@@ -5,6 +5,7 @@ Weights are held fused: qkv_proj = [q; k; v] and gate_up_proj = [gate; up] (see 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +24,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     inv = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
     inv = inv.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
     return (x * inv.to(x.dtype)).mul_(weight)
+
+
+@dataclass(frozen=True)
+class WindowedKV:
+    """The windowed layers' pool of a hybrid KV cache and this batch's tables into it."""
+
+    tensor: torch.Tensor  # [len(layers), 2, num_window_blocks + 1, bs, Hkv, D]
+    meta: AttentionMetadata  # the batch's layout over the window pool's block tables
+    layers: tuple[int, ...]  # the windowed layers, in order (the rest are in the full pool)
+
+    def layer_pools(
+        self, full: torch.Tensor, full_plan: Any, window_plan: Any
+    ) -> list[tuple[torch.Tensor, int, Any]]:
+        """(pool, row in it, plan) of every layer."""
+        windowed = set(self.layers)
+        out, rows = [], [0, 0]
+        for i in range(len(self.layers) + full.shape[0]):
+            g = 1 if i in windowed else 0
+            out.append((self.tensor, rows[1], window_plan) if g else (full, rows[0], full_plan))
+            rows[g] += 1
+        return out
 
 
 class RowOps:
@@ -167,13 +189,19 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,  # [T] int64
         kv_cache: torch.Tensor,  # [layers, 2, num_blocks, bs, Hkv, D]
         meta: AttentionMetadata,
+        windowed: WindowedKV | None = None,
     ) -> torch.Tensor:
+        """`windowed`: the sliding-window layers' own pool and block tables (a hybrid KV
+        cache, engine/hybrid_kv_cache.py); `kv_cache` then holds the other layers, in order."""
         h = self.embed(input_ids)  # [T, hidden]
         ropes = self.ropes.lookup(positions, meta.max_seqlen_k)  # a table per layer's rope
         plan = self.attention.plan(meta)
+        where = [(kv_cache, i, plan) for i in range(len(self.layers))]
+        if windowed is not None:
+            where = windowed.layer_pools(kv_cache, plan, self.attention.plan(windowed.meta))
         ops = self.row_ops
-        for i, (layer, (cos, sin)) in enumerate(zip(self.layers, ropes, strict=True)):
-            h = layer(h, cos, sin, kv_cache[i, 0], kv_cache[i, 1], plan, self.attention, ops)
+        for layer, (cos, sin), (kv, row, p) in zip(self.layers, ropes, where, strict=True):
+            h = layer(h, cos, sin, kv[row, 0], kv[row, 1], p, self.attention, ops)
         return self.final_norm(h, ops)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
