@@ -67,7 +67,8 @@ def build_parts(config: EngineConfig) -> EngineParts:
     prefix_cache = PrefixCache(
         kv_cache.num_blocks, config.block_size, policy=config.eviction_policy, windows=windows
     )
-    publisher, sink = _build_events(config)
+    window = kv_cache.groups.window if isinstance(kv_cache, HybridKVCache) else None
+    publisher, sink = _build_events(config, window)
     tiers = _build_tiers(config, kv_cache, sink, windows)
     if config.enable_prefix_caching:
         listeners = tuple(x for x in (tiers, sink) if x is not None)
@@ -137,11 +138,13 @@ def _build_kv_cache(
     )
 
 
-def _build_events(config: EngineConfig) -> tuple[ZmqEventPublisher | None, KVEventSink | None]:
+def _build_events(
+    config: EngineConfig, window: int | None
+) -> tuple[ZmqEventPublisher | None, KVEventSink | None]:
     if config.kv_events is None or not config.enable_prefix_caching:
         return None, None
     publisher = ZmqEventPublisher(config.kv_events)
-    sink = KVEventSink(publisher, config.block_size)
+    sink = KVEventSink(publisher, config.block_size, window)
     sink.cache_cleared()  # the device pool starts empty: consumers drop what they knew of us
     return publisher, sink
 

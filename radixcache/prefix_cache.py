@@ -218,6 +218,12 @@ class PrefixCache:
             out += node.hashes  # type: ignore[arg-type]
         return out
 
+    def block_hashes_of(self, block_ids: Sequence[int]) -> list[int]:
+        """The chained hashes of cached blocks."""
+        tree = self.tree
+        tree.hash_all()  # then `owner` maps every cached block to its node
+        return [tree.hash_of_block(tree.owner[b], b) for b in block_ids]
+
     def lookup_hash(self, ns: Namespace, block_hash: int, tokens: Sequence[int]) -> int | None:
         """Cached block id of `block_hash` whose stored tokens equal `tokens` (collision guard)."""
         self.tree.hash_all()  # the index then holds every cached block

@@ -80,31 +80,30 @@ class WindowBlocks:
     def can_allocate(self, n: int) -> bool:
         return len(self._free) + len(self._evictable) >= n
 
-    def allocate(self, n: int, *, evict: bool = True) -> list[int] | None:
-        """`n` blocks with one reference each; when short, the oldest unused twins are evicted
-        first (their full blocks stay cached); None, with nothing changed, if there are not
-        enough. `evict=False`: free blocks only, as many as there are (drafts)."""
+    def allocate(self, n: int) -> list[int]:
+        """Up to `n` free blocks (fewer if there are not as many), one reference each."""
         free = self._free
-        if not evict:
-            n = min(n, len(free))
-        elif n > len(free):
-            if n > len(free) + len(self._evictable):
-                return None
-            self._evict(n - len(free))
+        n = min(n, len(free))
         ids = free[len(free) - n :]
         del free[len(free) - n :]
         for w in ids:
             self.refs[w] = 1
         return ids
 
-    def _evict(self, n: int) -> None:
-        for _ in range(n):
+    def evict(self, n: int) -> list[int]:
+        """Frees the `n` (at most) oldest unused twins; their full blocks stay cached. Returns
+        those full blocks."""
+        lost = []
+        for _ in range(min(n, len(self._evictable))):
             w, _ = self._evictable.popitem(last=False)
-            self.twin[self.owner[w]] = NULL_BLOCK
+            f = self.owner[w]
+            self.twin[f] = NULL_BLOCK
             self.owner[w] = -1
             self._free.append(w)
-        self.num_cached -= n
-        self.num_evicted += n
+            lost.append(f)
+        self.num_cached -= len(lost)
+        self.num_evicted += len(lost)
+        return lost
 
     # --- a sequence's references ---
     def hold(self, w: int) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import xxhash
 import zmq
+from msgspec import UNSET
 
 from api.router.index import ReplicaIndex
 from radixcache.kv_events_wire import (
@@ -37,6 +38,7 @@ class SubscriberCounts:
     batches: int = 0
     events: int = 0
     lower_tier_events: int = 0  # events of the replica's host/disk/redis tiers (not indexed)
+    window_group_events: int = 0  # about a hybrid model's sliding-window blocks (not indexed)
     gaps: int = 0
     restarts: int = 0
     replays: int = 0
@@ -60,6 +62,7 @@ class EventSubscriber:
         self.lock = lock  # guards `index` (the router's event loop matches against it)
         self.decoder = BatchDecoder()
         self.counts = SubscriberCounts()
+        self.window_groups: set[int] = set()  # KV-cache groups learnt to be sliding-window
         self.next_seq: int | None = None  # the seq expected next; None before the first batch
         self._recent: dict[int, int] = {}  # seq -> digest of the payload applied
         self._ctx = zmq.Context()
@@ -135,12 +138,26 @@ class EventSubscriber:
             self.index.cleared()
         elif event.medium not in PRIMARY_MEDIA:  # type: ignore[attr-defined]
             self.counts.lower_tier_events += 1
+        elif self._windowed_group(event):
+            self.counts.window_group_events += 1
         elif isinstance(event, BlockStored):
             self.index.stored(
                 event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
             )
         elif isinstance(event, BlockRemoved):
             self.index.removed(event.block_hashes)
+
+    def _windowed_group(self, event: BlockStored | BlockRemoved) -> bool:
+        """An event about a hybrid model's sliding-window layers' blocks: the index follows
+        the full-attention group only (a hit there is what a prompt can reuse; the replica cuts
+        it to where its windowed blocks are). A group is learnt windowed from its BlockStored."""
+        group = event.group_idx
+        if group is UNSET or group is None:
+            return False
+        kind = getattr(event, "kv_cache_spec_kind", UNSET)
+        if kind not in (UNSET, None, "full_attention"):
+            self.window_groups.add(group)
+        return group in self.window_groups
 
     def _replay(self, start: int) -> None:
         """Applies every buffered batch from `start` (a DEALER talking to the ROUTER socket)."""

@@ -26,6 +26,12 @@ class Committed:
 
 
 class CacheListener(Protocol):
+    """A hybrid cache's blocks have two halves (full-attention and sliding-window layers):
+    committed and evicted blocks carry both, a twin evicted on its own is told apart."""
+
     def blocks_committed(self, committed: Committed) -> None: ...
 
     def blocks_evicted(self, evicted: list[EvictedBlock]) -> None: ...
+
+    def twins_evicted(self, block_hashes: list[int]) -> None:
+        """Cached blocks whose sliding-window layers' part was evicted (a hybrid cache)."""

@@ -91,6 +91,8 @@ class KVCacheManager:
             if self.tiers is not None and self._start_load(seq, last_hash, self.tiers):
                 return MatchState.LOADING
         self._reuse_last_block(seq)
+        if self.windows is not None and self.release_window_blocks:
+            self._release_out_of_window(seq, self.windows)
         return MatchState.READY
 
     def load_ready(self, seq: Sequence, now: float) -> bool:
@@ -174,10 +176,11 @@ class KVCacheManager:
             return
         windows, window_ids = self.windows, []
         if windows is not None:  # only the blocks the window of the next token reads
-            tail = windows.allocate(min(len(ids), windows.needed))
-            if tail is None:
+            n = min(len(ids), windows.needed)
+            if not windows.can_allocate(n):
                 self.cache.free(ids)
                 return
+            tail = self._take_window(windows, n)
             window_ids = [NULL_BLOCK] * (len(ids) - len(tail)) + tail
             seq.window_block_ids += window_ids
         self.tiers.write(ids, loaded, window_ids)
@@ -209,7 +212,7 @@ class KVCacheManager:
             twin = windows.twin_of(last)
             if twin == NULL_BLOCK or windows.num_free() < 1:
                 return
-            (window_copy,) = windows.allocate(1)  # type: ignore[misc]
+            (window_copy,) = windows.allocate(1)
             self.kv_cache.copy_window_block(twin, window_copy)  # type: ignore[attr-defined]
             seq.window_block_ids.append(window_copy)
         (copy,) = self.cache.allocate(1)
@@ -236,7 +239,7 @@ class KVCacheManager:
             return False
         seq.block_ids.extend(new)
         if windows is not None:
-            seq.window_block_ids += windows.allocate(missing)  # type: ignore[operator]
+            seq.window_block_ids += self._take_window(windows, missing)
         return True
 
     def reserve_draft(self, seq: Sequence, num_scheduled: int, num_draft: int) -> int:
@@ -250,7 +253,7 @@ class KVCacheManager:
             n = min(want, self.cache.num_free_blocks())
             if self.windows is not None:
                 n = min(n, self.windows.num_free())
-                seq.window_block_ids += self.windows.allocate(n, evict=False)  # type: ignore[operator]
+                seq.window_block_ids += self.windows.allocate(n)
             seq.block_ids.extend(self.cache.allocate(n) or [])
         return max(0, min(num_draft, len(seq.block_ids) * bs - end))
 
@@ -277,6 +280,18 @@ class KVCacheManager:
             else:
                 self.cache.drop(short)
         return self.cache.allocate(n)
+
+    def _take_window(self, windows: WindowBlocks, n: int) -> list[int]:
+        """`n` window blocks (the caller checked they can be had), evicting the oldest unused
+        twins first when short; the listeners hear which cached blocks lost theirs."""
+        short = n - windows.num_free()
+        if short > 0:
+            lost = windows.evict(short)
+            if self.listeners:
+                hashes = self.cache.block_hashes_of(lost)
+                for listener in self.listeners:
+                    listener.twins_evicted(hashes)
+        return windows.allocate(n)
 
     def _evicted(self, evicted: list) -> None:
         for listener in self.listeners:

@@ -74,6 +74,9 @@ class KVTiers:
         if items:
             self.store.publish(committed.ns, items)
 
+    def twins_evicted(self, block_hashes: list[int]) -> None:
+        """Nothing to spill: the block goes down whole, with its twin, or not at all."""
+
     # --- loads ---
     def start_load(self, ns: Namespace, hashes: list[int]) -> PendingLoad:
         """Starts loading the longest run of leading `hashes` the tiers hold (off this thread)."""

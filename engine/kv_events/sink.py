@@ -5,10 +5,16 @@ publisher. The KV cache manager reports device-tier changes; the TieredStore rep
 Block hashes are the tree's chained xxh3 hashes; a tenant's cache_salt is mixed into the
 namespace seed of the first block of every chain, so it never appears in an event. The lower
 tiers know blocks by hash only, so their BlockStored events carry no token ids (as vLLM's
-offloading tiers do)."""
+offloading tiers do).
+
+A hybrid model's (sliding-window layers in a pool of their own) device events say which half of a
+block they are about, in vLLM's fields: group 0 the full-attention layers, group 1 the windowed
+ones (kind "sliding_window" and the window); a twin evicted on its own removes only group 1.
+The tiers below hold whole blocks: their events carry no group."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from radixcache.kv_events_wire import MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored
@@ -21,10 +27,31 @@ if TYPE_CHECKING:
     from radixcache.results import EvictedBlock
 
 
+FULL_GROUP, WINDOW_GROUP = 0, 1
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """vLLM's KV-cache group fields of an event."""
+
+    idx: int
+    kind: str
+    sliding_window: int | None
+
+
 class KVEventSink:
-    def __init__(self, publisher: ZmqEventPublisher, block_size: int) -> None:
+    def __init__(
+        self, publisher: ZmqEventPublisher, block_size: int, window: int | None = None
+    ) -> None:
+        """`window`: the sliding-window layers' window of a hybrid cache (None: one pool)."""
         self.publisher = publisher
         self.block_size = block_size
+        self.groups: tuple[GroupSpec | None, ...] = (None,)
+        if window is not None:
+            self.groups = (
+                GroupSpec(FULL_GROUP, "full_attention", None),
+                GroupSpec(WINDOW_GROUP, "sliding_window", window),
+            )
 
     # --- engine.kv.listeners.CacheListener (the device tier) ---
     def blocks_committed(self, committed: Committed) -> None:
@@ -36,14 +63,28 @@ class KVEventSink:
                 first, end = positions[start], positions[k - 1] + 1
                 parent = hashes[first - 1] if first > 0 else None
                 run = tokens[first * bs : end * bs]
-                self.publisher.offer(_stored(hashes[first:end], parent, run, bs, TierName.DEVICE))
+                for group in self.groups:
+                    event = _stored(hashes[first:end], parent, run, bs, TierName.DEVICE, group)
+                    self.publisher.offer(event)
                 start = k
 
     def blocks_evicted(self, evicted: list[EvictedBlock]) -> None:
         """Blocks that left the tree."""
-        if evicted:
-            hashes = [b.block_hash for b in evicted]
+        if not evicted:
+            return
+        hashes = [b.block_hash for b in evicted]
+        if len(self.groups) == 1:
             self.publisher.offer(BlockRemoved(hashes, MEDIUM[TierName.DEVICE]))
+            return
+        self.publisher.offer(BlockRemoved(hashes, MEDIUM[TierName.DEVICE], group_idx=FULL_GROUP))
+        self.twins_evicted([b.block_hash for b in evicted if b.window_block])
+
+    def twins_evicted(self, block_hashes: list[int]) -> None:
+        if block_hashes:
+            event = BlockRemoved(
+                list(block_hashes), MEDIUM[TierName.DEVICE], group_idx=WINDOW_GROUP
+            )
+            self.publisher.offer(event)
 
     def cache_cleared(self) -> None:
         self.publisher.offer(AllBlocksCleared())
@@ -59,9 +100,14 @@ class KVEventSink:
 
 
 def _stored(
-    hashes: list[int], parent: int | None, tokens: list[int], block_size: int, tier: str
+    hashes: list[int],
+    parent: int | None,
+    tokens: list[int],
+    block_size: int,
+    tier: str,
+    group: GroupSpec | None = None,
 ) -> BlockStored:
-    return BlockStored(
+    event = BlockStored(
         block_hashes=list(hashes),
         parent_block_hash=parent,
         token_ids=list(tokens),
@@ -70,3 +116,8 @@ def _stored(
         medium=MEDIUM.get(tier, tier.upper()),
         lora_name=None,
     )
+    if group is not None:
+        event.group_idx = group.idx
+        event.kv_cache_spec_kind = group.kind
+        event.kv_cache_spec_sliding_window = group.sliding_window
+    return event

@@ -119,9 +119,7 @@ class HybridManagerMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(1, 6))
     def evict_twins(self, n: int) -> None:
-        ids = self.windows.allocate(n)
-        if ids is not None:
-            self.windows.release(ids)
+        self.windows.evict(n)
 
     @invariant()
     def integrity(self) -> None:

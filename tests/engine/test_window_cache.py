@@ -161,3 +161,42 @@ def test_windowed_blocks_spill_to_disk_and_load_back(make_llm, hybrid_models, tm
     assert out.outputs[0].token_ids == want[1]
     assert out.cached_tokens_by_tier.get("disk", 0) >= len(head) // BS * BS - BS
     check(llm)
+
+
+def test_kv_events_follow_both_halves_of_a_block(make_llm, hybrid_models):
+    """Group 0 (full attention) and group 1 (sliding window, with its window) are published
+    apart: replaying each group's events gives the blocks the tree holds and the blocks that
+    still have their twin; a twin evicted on its own removes only group 1."""
+    from engine.kv_events import KVEventsConfig
+
+    from .test_kv_events import events_of
+
+    path, window = hybrid_models["gemma-d32-mixed"]
+    least = blocks_before_hit(window, BS) + 16 // BS + 1
+    llm = make_llm(
+        path,
+        num_blocks=64,
+        num_window_blocks=least,
+        max_num_batched_tokens=16,
+        max_num_seqs=1,
+        kv_events=KVEventsConfig("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"),
+    )
+    for i in range(6):  # more blocks than the pool holds: both kinds of eviction happen
+        answers(llm, [tokens_of(50 + i, 4 * window)])
+    events = events_of(llm.engine.kv_events)
+    held: dict[int, set[int]] = {0: set(), 1: set()}
+    for e in events[1:]:  # after the first AllBlocksCleared
+        assert e.group_idx in (0, 1) and e.medium == "GPU"
+        if hasattr(e, "token_ids"):
+            kind = {0: ("full_attention", None), 1: ("sliding_window", window)}[e.group_idx]
+            assert (e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window) == kind
+            held[e.group_idx].update(e.block_hashes)
+        else:
+            held[e.group_idx].difference_update(e.block_hashes)
+    cache = llm.engine.prefix_cache
+    windows = cache.windows
+    tree_blocks = [b for n in cache.tree.iter_nodes() for b in n.blocks]
+    hashes = dict(zip(tree_blocks, cache.block_hashes_of(tree_blocks), strict=True))
+    assert held[0] == set(hashes.values())
+    assert held[1] == {h for b, h in hashes.items() if windows.twin_of(b) != NULL_BLOCK}
+    assert windows.stats().evicted > 0 and held[1] < held[0]
