@@ -10,6 +10,7 @@ from typing import Any
 from api.auth import Caller
 from api.engine_stats import CacheCounters, EngineCounters, NamespaceCounters
 from engine.spec.stats import SpecStats
+from radixcache.stats import CacheStats
 from radixcache.tier_names import TierName
 
 
@@ -76,6 +77,34 @@ def _mean_ms(seconds: float, steps: int) -> float:
     return round(1000 * seconds / steps, 3) if steps else 0.0
 
 
+def layer_types_report(cache: CacheStats) -> dict[str, dict[str, Any]]:
+    """A hybrid cache's two pools: blocks by state and the tokens each kind of layer could
+    reuse (a windowed layer's hit is cut to where its blocks before the hit are present)."""
+    w = cache.windows
+    assert w is not None
+    return {
+        "full_attention": {
+            "num_blocks": cache.num_blocks,
+            "free": cache.free,
+            "evictable": cache.evictable,
+            "referenced": cache.referenced,
+            "cached": cache.cached,
+            "hit_tokens": w.full_hit_tokens,
+        },
+        "sliding_window": {
+            "window": w.window,
+            "num_blocks": w.num_blocks,
+            "free": w.free,
+            "evictable": w.evictable,
+            "referenced": w.referenced,
+            "cached": w.cached,
+            "tombstones": w.tombstones,
+            "evicted": w.evicted,
+            "hit_tokens": w.hit_tokens,
+        },
+    }
+
+
 def cache_report(
     counters: EngineCounters,
     window: tuple[CacheCounters, float],
@@ -111,6 +140,8 @@ def cache_report(
         },
     }
     report["speculative"] = spec_report(counters.spec)
+    if cache.windows is not None:
+        report["layer_types"] = layer_types_report(cache)
     if cache.miss_ratio_curve:
         report["miss_ratio_curve"] = [asdict(p) for p in cache.miss_ratio_curve]
     return report

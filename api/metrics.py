@@ -12,9 +12,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from api import metrics_vllm
+from api.cache_report import layer_types_report
 from api.engine_stats import EngineCounters
 from api.latency import LatencyRecorder
 from engine.spec.stats import SpecStats
+from radixcache.stats import CacheStats
 
 METRIC_NAMES = ("radixcache", "vllm")
 
@@ -83,7 +85,30 @@ class EngineCollector(Collector):
                 used_bytes.add_metric([tier], occ.used_bytes)
         yield used
         yield used_bytes
+        if c.device.windows is not None:
+            yield from _layer_type_metrics(c.device)
         yield from _redis_nodes(c.redis_nodes)
+
+
+def _layer_type_metrics(device: CacheStats) -> Iterator[Metric]:
+    """A hybrid cache's pools per layer type (full_attention, sliding_window)."""
+    report = layer_types_report(device)
+    blocks = GaugeMetricFamily(
+        f"{PREFIX}_cache_layer_type_blocks",
+        "Device KV blocks per layer type and state",
+        labels=["layer_type", "state"],
+    )
+    hits = CounterMetricFamily(
+        f"{PREFIX}_prefix_cache_layer_type_hits_tokens",
+        "Prompt tokens the layers of a type found cached",
+        labels=["layer_type"],
+    )
+    for layer_type, pool in report.items():
+        for state in ("free", "evictable", "referenced", "cached"):
+            blocks.add_metric([layer_type, state], pool[state])
+        hits.add_metric([layer_type], pool["hit_tokens"])
+    yield blocks
+    yield hits
 
 
 def _spec_metrics(s: SpecStats) -> Iterator[Metric]:

@@ -37,6 +37,7 @@ def blocks_before_hit(window: int, block_size: int) -> int:
 
 @dataclass
 class WindowStats:
+    window: int  # tokens
     num_blocks: int  # usable blocks (the null block not counted)
     free: int
     evictable: int  # twins of cached blocks no sequence uses
@@ -182,6 +183,7 @@ class WindowBlocks:
         referenced = self.num_blocks - len(self._free) - len(self._evictable)
         tombstones = 0  # filled in by the prefix cache, which knows the tree's blocks
         return WindowStats(
+            window=self.window,
             num_blocks=self.num_blocks,
             free=len(self._free),
             evictable=len(self._evictable),

@@ -215,6 +215,7 @@ function drawHeadline(stats, data) {
   document.getElementById("tokens-saved").textContent = stats.since_start.tokens_saved.toLocaleString();
   document.getElementById("requests-now").textContent = stats.requests.running + " / " + stats.requests.waiting;
   drawSpeculative(stats.speculative);
+  drawLayerTypes(stats.layer_types);
   document.getElementById("updated").textContent = new Date().toLocaleTimeString();
   document.getElementById("model").textContent = data.model;
   const who = data.caller.is_admin ? "admin: every tenant" : "tenant: " + (data.caller.tenant ?? "(none)");
@@ -231,6 +232,19 @@ function drawSpeculative(spec) {
   }
   box.textContent = percent(spec.acceptance_rate) + " / " + spec.mean_accepted_length.toFixed(2);
   box.title = "acceptance by draft position: " + spec.acceptance_per_pos.map(percent).join(", ");
+}
+
+function drawLayerTypes(layers) {
+  // a model with sliding-window layers: their pool, and how much of the full layers' hits they kept
+  if (!layers) return;
+  const win = layers.sliding_window;
+  const full = layers.full_attention;
+  document.getElementById("layer-types-figure").hidden = false;
+  const box = document.getElementById("layer-types");
+  box.textContent = win.referenced + " / " + win.cached + " / " + win.num_blocks;
+  const kept = full.hit_tokens ? percent(win.hit_tokens / full.hit_tokens) : "-";
+  box.title = "window " + win.window + " tokens; " + win.tombstones + " cached blocks without their " +
+    "windowed half; windowed layers kept " + kept + " of the full-attention layers' hit tokens";
 }
 
 function showError(err) {
