@@ -5,8 +5,11 @@ Rows (ours; with --vllm-python also vLLM's CPU build on the same folder and prom
   cached TTFT        the group's other requests (same prefix, own 64-token tail), all at once
   hit rate           prefix tokens of those requests served from the cache
   decode tok/s       output tokens / time after the last first token, batch = the group
-  blocks held / seq  device blocks the cold request references while it decodes alone (peak)
-  fit in budget      most sequences of that length running at once in a pool of --budget-blocks
+  KV MB / seq        device KV the cold request holds while it decodes alone (peak), with the
+                     sliding-window layers' out-of-window blocks let go, and kept (the
+                     engine's --no-release-window-blocks: every layer holds every token)
+  fit                most sequences of that length running at once in --budget-mb of KV,
+                     released (the default split of the budget) and kept (one pool's worth)
 
     python -m benchmarks.bench_windows --model ~/.cache/radixcache/models/gemma3-270m \\
         --contexts 2048 4096 8192 --threads 2 --vllm-python /work/venvs/vllm/bin/python
@@ -27,13 +30,16 @@ from pathlib import Path
 from benchmarks.results_io import write_results
 from benchmarks.workloads import random_tokens
 from engine.config import EngineConfig
+from engine.hybrid_kv_cache import HybridKVCache
 from engine.kv.admin import Flush
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestResult
 from engine.request import Prompt
 from engine.sampling import SamplingParams
+from radixcache.window_blocks import NULL_BLOCK
 
 TAIL = 64  # each request's own tokens after the shared prefix
+MB = 1 << 20
 VLLM_RUNNER = Path(__file__).parent / "vllm_runner.py"
 
 
@@ -45,9 +51,10 @@ class WindowRow:
     cached_ttft_ms: float
     hit_rate: float | None
     decode_tok_s: float
-    blocks_held_per_seq: float | None
-    full_blocks_per_seq: int
-    fit_in_budget: int | None
+    kv_mb_per_seq: float | None  # out-of-window blocks released
+    kv_mb_per_seq_kept: float | None  # every block kept (what one pool of all layers holds)
+    fit_released: int | None
+    fit_kept: int | None
 
 
 def group_prompts(context: int, batch: int, vocab: int) -> list[list[int]]:
@@ -57,40 +64,68 @@ def group_prompts(context: int, batch: int, vocab: int) -> list[list[int]]:
     return [prefix + random_tokens(rng, TAIL, vocab) for _ in range(batch + 1)]
 
 
-def make_engine(args: argparse.Namespace, num_blocks: int | None = None) -> LLMEngine:
-    return LLMEngine(
-        EngineConfig(
-            model=args.model,
-            dtype=args.dtype,
-            block_size=args.block_size,
-            max_num_seqs=16,
-            max_num_batched_tokens=args.batched_tokens,
-            max_model_len=max(args.contexts) + args.out_tokens + 16,
-            kv_cache_memory=args.kv_memory,
-            num_blocks=num_blocks,
-            num_threads=args.threads,
-        )
+def make_engine(args: argparse.Namespace, **overrides: object) -> LLMEngine:
+    settings = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "block_size": args.block_size,
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": args.batched_tokens,
+        "max_model_len": max(args.contexts) + args.out_tokens + 16,
+        "kv_cache_memory": args.kv_memory,
+        "num_threads": args.threads,
+    }
+    return LLMEngine(EngineConfig(**{**settings, **overrides}))  # type: ignore[arg-type]
+
+
+def kept_engine(args: argparse.Namespace, memory: int) -> LLMEngine:
+    """Every layer keeps every token's KV: `memory` as one pool of all layers would hold it."""
+    probe = make_engine(args, kv_cache_memory=1 << 20, num_blocks=64)
+    per_block = block_bytes(probe)
+    probe.close()
+    blocks = memory // sum(per_block)
+    return make_engine(
+        args, num_blocks=blocks, num_window_blocks=blocks, release_window_blocks=False
     )
 
 
+def block_bytes(engine: LLMEngine) -> tuple[int, int]:
+    """Bytes of one block in the full-attention pool and in the sliding-window one."""
+    kv = engine.kv_cache
+    full = kv.tensor[:, :, 0].numel() * kv.tensor.element_size()
+    if not isinstance(kv, HybridKVCache):
+        return full, 0
+    return full, kv.window_tensor[:, :, 0].numel() * kv.window_tensor.element_size()
+
+
+def held_bytes(engine: LLMEngine) -> float:
+    """Mean device KV bytes the running sequences hold."""
+    full, window = block_bytes(engine)
+    running = engine.scheduler.running
+    total = sum(
+        len(s.block_ids) * full + sum(1 for w in s.window_block_ids if w != NULL_BLOCK) * window
+        for s in running
+    )
+    return total / len(running)
+
+
 def run_wave(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, tag: str):
-    """All prompts at once, stepped to the end: (results, t0, end, peak referenced blocks,
-    peak running sequences); blocks are sampled on steps where every sequence decodes."""
+    """All prompts at once, stepped to the end: (results, t0, end, peak KV bytes held per
+    sequence, peak running sequences); bytes are sampled on steps where every one decodes."""
     ids = [f"{tag}-{i}" for i in range(len(prompts))]
     results = {rid: RequestResult(rid) for rid in ids}
     t0 = time.monotonic()
     for rid, p in zip(ids, prompts, strict=True):
         engine.add_request(rid, Prompt(p), params)
-    peak_blocks = peak_running = 0
+    peak_bytes, peak_running = 0.0, 0
     while engine.has_unfinished():
         for out in engine.step():
             results[out.request_id].add(out)
         running = engine.scheduler.running
         peak_running = max(peak_running, len(running))
         if running and all(s.num_output_tokens > 0 for s in running):
-            referenced = engine.prefix_cache.stats().referenced
-            peak_blocks = max(peak_blocks, round(referenced / len(running)))
-    return [results[i] for i in ids], t0, time.monotonic(), peak_blocks, peak_running
+            peak_bytes = max(peak_bytes, held_bytes(engine))
+    return [results[i] for i in ids], t0, time.monotonic(), peak_bytes, peak_running
 
 
 def bench_context(args: argparse.Namespace, engine: LLMEngine, context: int, vocab: int):
@@ -108,9 +143,19 @@ def bench_context(args: argparse.Namespace, engine: LLMEngine, context: int, voc
     return cold, [f - t0 for f in firsts], hit, decoded / (end - max(firsts)), held
 
 
-def fit_in_budget(args: argparse.Namespace, context: int, vocab: int) -> int:
-    """Most sequences of `context` tokens running at once in a pool of args.budget_blocks."""
-    engine = make_engine(args, num_blocks=args.budget_blocks)
+def held_when_kept(args: argparse.Namespace, context: int, vocab: int) -> float:
+    """What the cold request holds when no out-of-window block is let go."""
+    engine = kept_engine(args, args.kv_memory)
+    params = SamplingParams(temperature=0, max_tokens=args.out_tokens, ignore_eos=True)
+    _, _, _, held, _ = run_wave(engine, group_prompts(context, 0, vocab), params, f"kept-{context}")
+    engine.close()
+    return held
+
+
+def fit_in_budget(args: argparse.Namespace, context: int, vocab: int, kept: bool) -> int:
+    """Most sequences of `context` tokens running at once in args.budget_mb of KV."""
+    memory = args.budget_mb << 20
+    engine = kept_engine(args, memory) if kept else make_engine(args, kv_cache_memory=memory)
     rng = random.Random(context + 1)
     prompts = [random_tokens(rng, context, vocab) for _ in range(16)]
     params = SamplingParams(temperature=0, max_tokens=args.out_tokens, ignore_eos=True)
@@ -127,8 +172,11 @@ def ours(args: argparse.Namespace) -> list[WindowRow]:
     rows = []
     for context in args.contexts:
         cold, ttfts, hit, tok_s, held = bench_context(args, engine, context, vocab)
-        fit = fit_in_budget(args, context, vocab) if args.budget_blocks else None
-        full = -(-(context + args.out_tokens) // args.block_size)
+        kept = held_when_kept(args, context, vocab)
+        fits = [
+            fit_in_budget(args, context, vocab, k) if args.budget_mb else None
+            for k in (False, True)
+        ]
         rows.append(
             WindowRow(
                 "radixcache",
@@ -137,9 +185,9 @@ def ours(args: argparse.Namespace) -> list[WindowRow]:
                 1000 * statistics.median(ttfts),
                 hit,
                 tok_s,
-                held,
-                full,
-                fit,
+                held / MB,
+                kept / MB,
+                *fits,
             )  # fmt: skip
         )
         print_rows(rows[-1:])
@@ -176,7 +224,8 @@ def vllm(args: argparse.Namespace, vocab: int) -> list[WindowRow]:
                 None,
                 decoded / decode_s,
                 None,
-                -(-(context + args.out_tokens) // args.block_size),
+                None,
+                None,
                 None,
             )  # fmt: skip
         )
@@ -196,15 +245,18 @@ def print_rows(rows: list[WindowRow], header: bool = False) -> None:
     if header:
         print(
             f"{'system':<18} {'context':>7} {'cold TTFT':>10} {'cached TTFT':>12} {'hit':>6} "
-            f"{'decode tok/s':>13} {'held/seq':>9} {'full/seq':>9} {'fit':>4}"
+            f"{'decode tok/s':>13} {'KV MB/seq released / kept':>27} {'fit released / kept':>20}"
         )
     for r in rows:
         hit = "-" if r.hit_rate is None else f"{r.hit_rate:.1%}"
-        held = "-" if r.blocks_held_per_seq is None else f"{r.blocks_held_per_seq:.0f}"
-        fit = "-" if r.fit_in_budget is None else str(r.fit_in_budget)
+        held = "-"
+        if r.kv_mb_per_seq is not None and r.kv_mb_per_seq_kept:
+            saved = 1 - r.kv_mb_per_seq / r.kv_mb_per_seq_kept
+            held = f"{r.kv_mb_per_seq:.1f} / {r.kv_mb_per_seq_kept:.1f} (-{saved:.0%})"
+        fit = "-" if r.fit_released is None else f"{r.fit_released} / {r.fit_kept}"
         print(
             f"{r.system:<18} {r.context:>7} {r.cold_ttft_ms:>8.0f}ms {r.cached_ttft_ms:>10.0f}ms "
-            f"{hit:>6} {r.decode_tok_s:>13.1f} {held:>9} {r.full_blocks_per_seq:>9} {fit:>4}"
+            f"{hit:>6} {r.decode_tok_s:>13.1f} {held:>27} {fit:>20}"
         )
 
 
@@ -219,7 +271,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--batched-tokens", type=int, default=2048)
     parser.add_argument("--kv-memory", type=int, default=4 << 30)
-    parser.add_argument("--budget-blocks", type=int, default=0, help="0: skip the fit row")
+    parser.add_argument("--budget-mb", type=int, default=0, help="KV for the fit row; 0: skip it")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--vllm-python", default=None)
     parser.add_argument("--out", default="windows", help="results/<out>.json")
