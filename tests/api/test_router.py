@@ -176,6 +176,25 @@ def test_a_gap_triggers_a_replay_and_bad_events_are_skipped(peer: ScriptedPeer) 
         sub.close()
 
 
+def test_a_hybrid_replicas_sliding_window_group_is_not_indexed(peer: ScriptedPeer) -> None:
+    """Group 1 (sliding window) repeats group 0's blocks; removing its blocks (a twin evicted on
+    its own) leaves the full-attention index as it was."""
+    a, b = [1] * BS, [2] * BS
+    window = BlockStoredV([11, 12], None, a + b, BS, None, "GPU", None, None, 1, "sliding_window")
+    peer.record(0, vllm_payload(stored([11, 12], None, a + b), window))
+    peer.record(1, vllm_payload(BlockRemovedV([12], "GPU", 1)))
+    index, lock = ReplicaIndex(1024, BS), threading.Lock()
+    sub = EventSubscriber("r0", peer.endpoint, peer.replay_endpoint, index, lock)
+    sub.start()
+    try:
+        wait_until(lambda: sub.next_seq == 2, 10, "the replay on connect")
+        with lock:
+            assert index.match(a + b) == 2 * BS
+        assert sub.counts.window_group_events == 2 and sub.window_groups == {1}
+    finally:
+        sub.close()
+
+
 def _publish_until_seen(peer: ScriptedPeer, sub: EventSubscriber, seq: int, event: Any) -> bool:
     """Publishes `seq` live (the SUB may not have joined yet: then it is resent) until applied."""
     if sub.next_seq is not None and sub.next_seq > seq:
