@@ -200,3 +200,31 @@ def test_kv_events_follow_both_halves_of_a_block(make_llm, hybrid_models):
     assert held[0] == set(hashes.values())
     assert held[1] == {h for b, h in hashes.items() if windows.twin_of(b) != NULL_BLOCK}
     assert windows.stats().evicted > 0 and held[1] < held[0]
+
+
+@pytest.mark.slow
+def test_real_gemma3_hits_past_its_window_change_no_token(gemma_model_path):
+    """Gemma 3 270M (float32, 512-token windows on 15 of 18 layers): prompts sharing a head of
+    ~770 tokens, hit whole and cut mid-block, a second turn over the first answer; each answer
+    equals the cache off."""
+    from engine.llm import LLM
+    from engine.loader import load_tokenizer
+
+    from .test_llm_parity import long_text
+
+    head = load_tokenizer(gemma_model_path).encode(long_text(56))
+    prompts = [head + tokens_of(60, 20), head[:-5] + tokens_of(61, 20)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    settings = {"dtype": "float32", "block_size": 16, "max_num_batched_tokens": 256}
+    cold = LLM(str(gemma_model_path), **settings, num_blocks=128, enable_prefix_caching=False)
+    want = answers(cold, prompts, params)
+    second = prompts[0] + want[0] + tokens_of(62, 30)
+    want.append(answers(cold, [second], params)[0])
+    cold.engine.close()
+    warm = LLM(str(gemma_model_path), **settings, num_blocks=256)
+    got = [answers(warm, [p], params)[0] for p in (*prompts, second)]
+    assert got == want
+    stats = warm.engine.admin(CacheStatsOp()).windows
+    assert stats.hit_tokens >= 2 * (len(head) - 5) // 16 * 16
+    check(warm)
+    warm.engine.close()
