@@ -61,9 +61,10 @@ class WindowBudget:
     ) -> WindowBudget:
         """What is given explicitly is kept; the rest is sized so that the window pool fits
         (a) as many sequences of `max_model_len` tokens as the full pool: each needs all its
-        blocks there and only its window and a chunk here, and (b) at least twice what the
-        running sequences read at once (each its window's blocks and one more, plus one step's
-        chunk), so cached prefixes keep the twins their hits need."""
+        blocks there and only its window and a chunk here, and (b) at least what max_num_seqs
+        shorter sequences read at once (each its window's blocks and one more, plus one step's
+        chunk), where the budget has room for it: the twins of cached prefixes (what their hits
+        need) live in what the running sequences leave."""
         bs = block_size
         full_per_seq = -(-max_model_len // bs)
         window_per_seq = min(
@@ -71,7 +72,7 @@ class WindowBudget:
         )
         ratio = window_per_seq / full_per_seq
         running = max_num_seqs * (blocks_before_hit(groups.window, bs) + 1) + -(-max_chunk // bs)
-        floor = max(window_per_seq, 2 * running)
+        floor = max(window_per_seq, running)
         full_bytes = len(groups.full_layers) * bytes_per_layer_block
         window_bytes = len(groups.window_layers) * bytes_per_layer_block
         if num_full_blocks is None:
