@@ -80,7 +80,7 @@ class Sequence:
     handle: Any = None  # locked radix node; None = nothing locked
     num_cached_tokens: int = 0  # prefix reused at (first) admission: device + lower tiers
     cached_by_tier: dict[str, int] = field(default_factory=dict)  # TierName -> tokens
-    kv_load: Any = None  # storage.tiered.PendingLoad while its prefix comes from a spill tier
+    kv_load: Any = None  # engine.kv.tiers.TierLoad while its prefix comes from a spill tier
     # --- outputs (emitted as deltas: what came after num_sent_*) ---
     num_sent_tokens: int = 0
     num_sent_chars: int = 0

@@ -93,6 +93,7 @@ class Scheduler:
 
     # --- one step ---
     def schedule(self) -> ScheduledBatch:
+        self.kv.step_started(decoding=bool(self.running))
         self._collect_loads()
         batch = ScheduledBatch()
         budget = self._schedule_running(batch, self.max_num_batched_tokens)
@@ -144,11 +145,14 @@ class Scheduler:
             self.add(seq)
 
     def _schedule_ready(self, batch: ScheduledBatch, budget: int) -> int:
-        """Sequences whose load arrived go first: their blocks go in and they start; one that
-        does not fit lets go of its prefix and queues again (no waiting sequence holds blocks)."""
+        """Sequences whose load arrived go first: their blocks go in (over a few steps while
+        others decode) and they start; one that does not fit lets go of its prefix and queues
+        again (no waiting sequence holds blocks)."""
         while self.ready and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.ready.pop(0)
-            self.kv.match(seq)  # installs the loaded blocks
+            seq = self.ready[0]
+            if self.kv.match(seq, decoding=bool(self.running)) is MatchState.LOADING:
+                break  # its loaded blocks go in a part per step; the others wait behind it
+            self.ready.pop(0)
             if self._start(batch, seq, budget):
                 budget -= batch.num_new_tokens[-1]
             else:

@@ -13,8 +13,6 @@ from storage.base import Tier
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
 
-SEGMENT_BLOCKS = 32  # blocks per tier.get call: the loader checks for cancellation between calls
-
 
 def leading_run(
     tiers: list[Tier], ns: Namespace, hashes: list[int], *, count_misses: bool
@@ -36,11 +34,12 @@ def leading_run(
     return where[:run]
 
 
-def segments(where: list[int]) -> Iterator[tuple[int, int, int]]:
-    """(tier, start, end) for consecutive blocks in the same tier, at most SEGMENT_BLOCKS long."""
+def segments(where: list[int], size: int) -> Iterator[tuple[int, int, int]]:
+    """(tier, start, end) for consecutive blocks in the same tier, at most `size` long (one
+    tier.get call each: the loader checks for cancellation and its pace between calls)."""
     start = 0
     for i in range(1, len(where) + 1):
-        if i == len(where) or where[i] != where[start] or i - start == SEGMENT_BLOCKS:
+        if i == len(where) or where[i] != where[start] or i - start == size:
             yield where[start], start, i
             start = i
 
@@ -48,8 +47,11 @@ def segments(where: list[int]) -> Iterator[tuple[int, int, int]]:
 class LoadJob:
     """Shared between the engine thread (waits, then finish()) and the loader thread (add())."""
 
-    def __init__(self, ns: Namespace, hashes: list[int], shape: tuple[int, ...] | None) -> None:
+    def __init__(
+        self, ns: Namespace, hashes: list[int], shape: tuple[int, ...] | None, deadline: float
+    ) -> None:
         self.ns, self.hashes, self.shape = ns, hashes, shape
+        self.deadline = deadline  # time.monotonic() after which the engine stops waiting
         self.cancelled = False
         self._names: list[str] = []
         self._blocks: list[torch.Tensor] = []

@@ -7,7 +7,8 @@ The engine calls two things, both cheap on its own thread:
                                   the engine keeps stepping and takes the blocks when it is done
                                   (or when its deadline passes, then it recomputes the rest)
 Writes run on one writer thread (storage.writer) behind a bounded queue (overflow is dropped and
-counted); loads run on one loader thread. load_prefix is the blocking form (tests, tools).
+counted); loads run on one loader thread, paced by the engine's steps while it decodes
+(storage.pacing: step_started). load_prefix is the blocking form (tests, tools).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from storage.base import Tier
 from storage.codec import CorruptBlock, decode_block
 from storage.config import TierConfig
 from storage.loading import LoadJob, leading_run, segments
+from storage.pacing import LoadPacer
 from storage.store_stats import StoreSnapshot, StoreStats, TierSnapshot
 from storage.writer import TierObserver, TierWriter
 
@@ -44,10 +46,8 @@ class PendingLoad:
     """A load on the loader thread. The engine polls `ready` (done or past its deadline), then
     `take`s what arrived; taking it earlier cancels the rest (a deadline miss)."""
 
-    def __init__(
-        self, store: TieredStore, job: LoadJob, future: Future | None, deadline: float
-    ) -> None:
-        self.deadline = deadline  # time.monotonic() after which the engine stops waiting
+    def __init__(self, store: TieredStore, job: LoadJob, future: Future | None) -> None:
+        self.deadline = job.deadline  # time.monotonic() after which the engine stops waiting
         self._store, self._job, self._future = store, job, future
 
     def done(self) -> bool:
@@ -109,6 +109,7 @@ class TieredStore:
             else:
                 tier.spill_down = None if target is None else partial(self._writer.put, target)
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="tier-loader")
+        self.pacer = LoadPacer()
 
     # --- engine-facing API ---
     def store(self, ns: Namespace, items: list[tuple[int, torch.Tensor]]) -> None:
@@ -140,11 +141,15 @@ class TieredStore:
         from the fastest tier holding it), decoded and checked against ns.kv_dtype (and `shape` if
         given); returns at once. Disk/Redis hits are promoted into the top tier."""
         deadline = time.monotonic() + (self.config.deadline_s if deadline_s is None else deadline_s)
-        job = LoadJob(ns, list(hashes), shape)
+        job = LoadJob(ns, list(hashes), shape, deadline)
         if not hashes or not self.tiers:
-            return PendingLoad(self, job, None, deadline)
+            return PendingLoad(self, job, None)
         self.store_stats.loads += 1
-        return PendingLoad(self, job, self._loader.submit(self._load, job), deadline)
+        return PendingLoad(self, job, self._loader.submit(self._load, job))
+
+    def step_started(self, decoding: bool) -> None:
+        """The engine starts a step (`decoding`: it has running sequences): paces the loader."""
+        self.pacer.step_started(decoding)
 
     def load_prefix(
         self,
@@ -186,6 +191,7 @@ class TieredStore:
     def close(self, timeout: float = 10.0) -> None:
         """Finish queued writes (up to `timeout`), stop the threads, close the tiers."""
         self._writer.close(timeout)
+        self.pacer.step_started(decoding=False)  # no more steps: a paced load may finish
         self._loader.shutdown(wait=False, cancel_futures=True)
         for tier in self.tiers:
             tier.close()
@@ -208,8 +214,10 @@ class TieredStore:
     # --- loader thread ---
     def _load(self, job: LoadJob) -> None:
         where = leading_run(self.tiers, job.ns, job.hashes, count_misses=True)
-        promote = []
-        for t, start, end in segments(where):
+        promote, size, step = [], self.pacer.segment_blocks, -1
+        parts = list(segments(where, size))
+        for n, (t, start, end) in enumerate(parts):
+            step = self.pacer.wait_turn(step, job.deadline, len(parts) - n)
             if job.cancelled:
                 break
             tier, hashes = self.tiers[t], job.hashes[start:end]

@@ -2,7 +2,9 @@
 
   match(seq)         lock seq's cached device prefix; READY, or LOADING while the spill tiers
                      bring back the blocks after it (the scheduler parks the sequence meanwhile)
-  load_ready(seq)    its load is done or past its deadline: match it again to install the blocks
+  load_ready(seq)    its load is done or past its deadline: match it again (each match copies a
+                     part of the blocks in while others decode; READY once all are in)
+  step_started(d)    each step: paces the loader while sequences decode
   can_fit(n)         n more blocks can be had (free + evictable)
   allocate(seq, n)   blocks for n more tokens, evicting when short
   reserve_draft(seq, n)  free blocks only (no eviction) for up to n draft tokens after the chunk
@@ -42,7 +44,7 @@ from radixcache.tier_names import TierName
 from radixcache.window_blocks import NULL_BLOCK
 
 if TYPE_CHECKING:
-    from engine.kv.tiers import KVTiers
+    from engine.kv.tiers import KVTiers, TierLoad
     from engine.kv_cache import KVCache
     from radixcache.hashing import Namespace
     from radixcache.prefix_cache import PrefixCache
@@ -81,11 +83,14 @@ class KVCacheManager:
         self.num_blocks = cache.num_blocks
 
     # --- admission ---
-    def match(self, seq: Sequence) -> MatchState:
+    def match(self, seq: Sequence, decoding: bool = False) -> MatchState:
         """Locks seq's cached prefix (on the device, or loaded back for it). LOADING: a load from
-        the spill tiers started; the sequence holds its device prefix until it is matched again."""
+        the spill tiers started, or the blocks it brought are still being copied in (a part per
+        call while others are `decoding`); the sequence holds its device prefix until it is
+        matched again."""
         if seq.kv_load is not None:
-            self._install(seq)
+            if not self._install(seq, seq.kv_load, decoding):
+                return MatchState.LOADING
         else:
             last_hash = self._match_device(seq)
             if self.tiers is not None and self._start_load(seq, last_hash, self.tiers):
@@ -95,13 +100,21 @@ class KVCacheManager:
             self._release_out_of_window(seq, self.windows)
         return MatchState.READY
 
+    def step_started(self, decoding: bool) -> None:
+        """Each step: `decoding` (sequences are running) lets loads go at their paced speed."""
+        if self.tiers is not None:
+            self.tiers.step_started(decoding)
+
     def load_ready(self, seq: Sequence, now: float) -> bool:
-        return seq.kv_load is None or seq.kv_load.ready(now)
+        """seq's load is done or past its deadline: match it again to put its blocks in."""
+        return seq.kv_load is None or seq.kv_load.pending.ready(now)
 
     def wait_for_load(self, seq: Sequence, timeout: float) -> None:
         """Blocks until seq's load is done, at most `timeout` (only when nothing else can run)."""
-        if seq.kv_load is not None:
-            seq.kv_load.wait(min(timeout, max(0.0, seq.kv_load.deadline - time.monotonic())))
+        load = seq.kv_load
+        if load is not None and load.arrived is None:
+            deadline = load.pending.deadline
+            load.pending.wait(min(timeout, max(0.0, deadline - time.monotonic())))
 
     def peek(self, seq: Sequence) -> int:
         """Tokens of seq's prefix cached on the device now (no stats, no lock); -1 when the
@@ -165,35 +178,47 @@ class KVCacheManager:
         seq.kv_load = tiers.start_load(ns, hashes)
         return True
 
-    def _install(self, seq: Sequence) -> None:
-        """Writes the blocks a finished (or expired) load brought into new device blocks and
-        commits them to the tree like computed ones; what did not come is recomputed."""
-        assert seq.kv_load is not None and self.tiers is not None
-        loaded = seq.kv_load.take()
-        seq.kv_load = None
-        ids = self._take(len(loaded.blocks)) if loaded.blocks else None
-        if not ids:
+    def _place(self, seq: Sequence, load: TierLoad) -> None:
+        """Device blocks for what a finished (or expired) load brought, held by seq (beyond its
+        computed tokens) until installed; none when nothing came or there is no room."""
+        load.arrived = loaded = load.pending.take()
+        n, windows = len(loaded.blocks), self.windows
+        if n == 0 or not self.cache.can_allocate(n):
             return
-        windows, window_ids = self.windows, []
         if windows is not None:  # only the blocks the window of the next token reads
-            n = min(len(ids), windows.needed)
-            if not windows.can_allocate(n):
-                self.cache.free(ids)
+            if not windows.can_allocate(min(n, windows.needed)):
                 return
-            tail = self._take_window(windows, n)
-            window_ids = [NULL_BLOCK] * (len(ids) - len(tail)) + tail
-            seq.window_block_ids += window_ids
-        self.tiers.write(ids, loaded, window_ids)
-        bs = self.block_size
+            tail = self._take_window(windows, min(n, windows.needed))
+            load.window_ids = [NULL_BLOCK] * (n - len(tail)) + tail
+            seq.window_block_ids += load.window_ids
+        ids = self._take(n)
+        assert ids is not None  # can_allocate said so
+        load.block_ids = ids
         seq.block_ids += ids
-        seq.num_computed_tokens += len(ids) * bs
+
+    def _install(self, seq: Sequence, load: TierLoad, decoding: bool) -> bool:
+        """Copies the next part of what seq's load brought into its device blocks; once all is
+        in (True), commits them to the tree like computed ones. What did not come is recomputed."""
+        assert self.tiers is not None
+        if load.arrived is None:
+            self._place(seq, load)
+        self.tiers.write_some(load, decoding)
+        if not load.installed:
+            return False
+        seq.kv_load = None
+        if not load.block_ids:
+            return True
+        bs, n = self.block_size, len(load.block_ids)
+        seq.num_computed_tokens += n * bs
         self._commit(seq, loaded=True)
-        if windows is not None and self.release_window_blocks:
-            self._release_out_of_window(seq, windows)
+        if self.windows is not None and self.release_window_blocks:
+            self._release_out_of_window(seq, self.windows)
         if seq.num_preemptions == 0:
-            seq.num_cached_tokens += len(ids) * bs
-            for name in loaded.tiers:
+            assert load.arrived is not None
+            seq.num_cached_tokens += n * bs
+            for name in load.arrived.tiers:
                 seq.cached_by_tier[name] = seq.cached_by_tier.get(name, 0) + bs
+        return True
 
     def _reuse_last_block(self, seq: Sequence) -> None:
         """A sequence whose every block is cached (it ends on a block boundary, so the match of
@@ -378,7 +403,7 @@ class KVCacheManager:
     def free(self, seq: Sequence) -> None:
         """Drops everything the sequence holds; its tree blocks stay cached (evictable)."""
         if seq.kv_load is not None:
-            seq.kv_load.cancel()
+            seq.kv_load.pending.cancel()
             seq.kv_load = None
         private = seq.block_ids[seq.num_tree_blocks :]
         if private:

@@ -6,7 +6,9 @@ business."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,6 +23,28 @@ if TYPE_CHECKING:
     from radixcache.results import EvictedBlock
     from radixcache.window_blocks import WindowBlocks
     from storage.tiered import LoadResult, PendingLoad, TieredStore
+
+# bytes of loaded KV copied into device blocks per engine step while sequences decode: a long
+# load goes in over a few steps instead of stalling one for its whole copy
+INSTALL_BYTES_PER_STEP = 8 << 20
+
+
+@dataclass
+class TierLoad:
+    """One sequence's prefix coming back from the spill tiers: the loader thread reads it
+    (`pending`), then the engine copies what `arrived` into the device blocks `block_ids` (a
+    hybrid cache: the windowed layers' part into `window_ids`, where not the null block), a few
+    per step; `written` of them are in."""
+
+    pending: PendingLoad
+    arrived: LoadResult | None = None
+    block_ids: list[int] = field(default_factory=list)
+    window_ids: list[int] = field(default_factory=list)
+    written: int = 0
+
+    @property
+    def installed(self) -> bool:
+        return self.arrived is not None and self.written == len(self.block_ids)
 
 
 class KVTiers:
@@ -39,6 +63,8 @@ class KVTiers:
         if isinstance(kv_cache, HybridKVCache):
             num_layers += kv_cache.window_tensor.shape[0]
         self.block_shape = (num_layers, t.shape[1], *t.shape[3:])  # [layers, 2, bs, Hkv, D]
+        block_bytes = math.prod(self.block_shape) * t.element_size()
+        self.install_blocks_per_step = max(1, INSTALL_BYTES_PER_STEP // block_bytes)
 
     def _block_kv(self, block_id: int, window_block: int) -> torch.Tensor | None:
         if isinstance(self.kv_cache, HybridKVCache):
@@ -78,19 +104,30 @@ class KVTiers:
         """Nothing to spill: the block goes down whole, with its twin, or not at all."""
 
     # --- loads ---
-    def start_load(self, ns: Namespace, hashes: list[int]) -> PendingLoad:
-        """Starts loading the longest run of leading `hashes` the tiers hold (off this thread)."""
-        return self.store.start_load(ns, hashes, shape=self.block_shape)
+    def step_started(self, decoding: bool) -> None:
+        """Paces the loader: one segment per step while sequences decode (storage.pacing)."""
+        self.store.step_started(decoding)
 
-    def write(self, block_ids: list[int], loaded: LoadResult, window_ids: list[int]) -> None:
-        """Loaded blocks into device blocks (a hybrid cache: the windowed layers' part into
-        `window_ids` where it is not the null block, else dropped)."""
+    def start_load(self, ns: Namespace, hashes: list[int]) -> TierLoad:
+        """Starts loading the longest run of leading `hashes` the tiers hold (off this thread)."""
+        return TierLoad(self.store.start_load(ns, hashes, shape=self.block_shape))
+
+    def write_some(self, load: TierLoad, decoding: bool) -> None:
+        """Copies the next arrived blocks into their device blocks: install_blocks_per_step of
+        them while sequences decode, else all."""
+        assert load.arrived is not None
+        start = load.written
+        end = len(load.block_ids)
+        if decoding:
+            end = min(end, start + self.install_blocks_per_step)
+        ids, blocks = load.block_ids[start:end], load.arrived.blocks[start:end]
         kv_cache = self.kv_cache
-        if not isinstance(kv_cache, HybridKVCache):
-            kv_cache.write_blocks(block_ids, loaded.blocks)
-            return
-        for f, w, kv in zip(block_ids, window_ids, loaded.blocks, strict=True):
-            kv_cache.write_block(f, w, kv)
+        if isinstance(kv_cache, HybridKVCache):
+            for f, w, kv in zip(ids, load.window_ids[start:end], blocks, strict=True):
+                kv_cache.write_block(f, w, kv)
+        else:
+            kv_cache.write_blocks(ids, blocks)
+        load.written = end
 
     def lookup(self, ns: Namespace, hashes: list[int]) -> dict[str, int]:
         """Tokens of the leading run of `hashes` per tier (no data read)."""

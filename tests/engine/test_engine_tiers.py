@@ -279,3 +279,62 @@ def test_a_load_from_a_stalled_tier_does_not_stall_running_streams(
     assert result.cached_tokens_by_tier.get("redis", 0) == 40
     engine.abort("stream")  # (when still running)
     engine.admin(CheckIntegrity())
+
+
+def _start_a_stream_and_a_load(make_llm, tmp_path: Path):
+    """A stream decoding, then a request whose 10-block prefix is only on disk; the engine
+    copies at most 3 loaded blocks into the device pool per step while the stream decodes."""
+    from engine.request import Prompt
+
+    llm = make_llm(num_blocks=256, tiers=tier_config("disk", tmp_path, "", deadline_s=60.0))
+    engine = llm.engine
+    engine.tiers.install_blocks_per_step = 3
+    rng = random.Random(11)
+    loaded = [rng.randrange(10, 200) for _ in range(41)]  # 10 full blocks of tokens[:-1]
+    want = token_ids(llm.generate([loaded], PARAMS))
+    settle(llm)
+    long = SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True)
+    engine.add_request("stream", Prompt([rng.randrange(10, 200) for _ in range(9)]), long)
+    while not engine.requests["stream"].seqs[0].num_output_tokens:
+        engine.step()
+    engine.add_request("load", Prompt(loaded), PARAMS)
+    return llm, want
+
+
+def test_a_long_load_goes_into_the_pool_over_several_steps(make_llm, tmp_path: Path) -> None:
+    from engine.request import SequenceStatus
+
+    llm, want = _start_a_stream_and_a_load(make_llm, tmp_path)
+    engine = llm.engine
+    engine.step()
+    seq, stream = engine.requests["load"].seqs[0], engine.requests["stream"].seqs[0]
+    written: list[int] = []
+    while seq.status is SequenceStatus.LOADING:
+        before = stream.num_output_tokens
+        engine.step()
+        assert stream.num_output_tokens == before + 1  # the stream never waits for the load
+        if seq.kv_load is not None and seq.kv_load.arrived is not None:
+            written.append(seq.kv_load.written)
+    assert written == [3, 6, 9]  # one part per step; the step with the last one admits it
+    outs = []
+    while not outs:
+        outs = [o for o in engine.step() if o.request_id == "load" and o.finished]
+    assert outs[0].cached_tokens_by_tier.get("disk", 0) == 40
+    assert [seq.output_token_ids] == want  # as computed before it went to disk
+    engine.abort("stream")
+    engine.admin(CheckIntegrity())
+
+
+def test_a_request_aborted_while_its_load_goes_in_leaks_nothing(make_llm, tmp_path: Path) -> None:
+    llm, _ = _start_a_stream_and_a_load(make_llm, tmp_path)
+    engine = llm.engine
+    free_before = engine.kv.cache.num_free_blocks()
+    seq = engine.requests["load"].seqs[0]
+    while seq.kv_load is None or not seq.kv_load.written:
+        engine.step()
+    assert seq.kv_load.written < 10  # part of it copied in
+    engine.abort("load")
+    engine.step()
+    engine.admin(CheckIntegrity())
+    assert engine.kv.cache.num_free_blocks() >= free_before - 1  # at most the stream's new block
+    engine.abort("stream")
