@@ -197,7 +197,9 @@ def _decode_sequences(meta: AttentionMetadata) -> list[int]:
     return [b for b, n in enumerate(meta.query_lens) if n == 1 or meta.verify[b]]
 
 
-def _decode_rows(decodes: list[int], cu: np.ndarray, seq_lens: list[int]):
+def _decode_rows(
+    decodes: list[int], cu: np.ndarray, seq_lens: list[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(rows of q, each row's sequence, each row's keys) of the decode sequences, int64 [N] each:
     row j of a sequence with L new tokens and seq_len S is the decode step of keys [0, S - L + j
     + 1), so a verify row gets the arithmetic of the plain decode step at its position."""
