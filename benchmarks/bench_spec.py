@@ -12,7 +12,8 @@ REPEAT's first wave is not timed. Greedy; outputs are compared with the "off" ro
 
 Per row: seconds of the timed waves, output tokens, tokens/s, speedup over "off", whether every
 output equals off's (bit-exact under --deterministic and in float32; in the default bfloat16 mode
-a verify row's kernels differ from a decode step's and near-ties may go the other way), acceptance
+a verify row is attended as the decode step at its position, so only a differently formed batch
+moves a near-tie), acceptance
 rate, mean accepted length, mean verify-step and plain-decode-step time (decode-only steps). --vllm runs vLLM's CPU build on the same token ids (its ngram speculation and none) in its
 own interpreter (benchmarks/vllm_spec_runner.py). Writes benchmarks/results/spec.json.
 """

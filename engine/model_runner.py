@@ -49,12 +49,14 @@ class ModelRunner:
         seq_lens = [c + n for c, n in zip(starts, query_lens, strict=True)]
         input_ids = torch.from_numpy(np.frombuffer(flat, dtype=np.int64).copy()).to(self.device)
         positions = torch.from_numpy(compute_positions(query_lens, seq_lens)).to(self.device)
+        verify = [b in drafts for b in range(len(batch.seqs))]  # a draft follows its last token
         meta = build_attention_metadata(
             query_lens,
             seq_lens,
             [s.block_ids for s in batch.seqs],
             self.block_size,
             self.device,
+            verify,
         )
         windowed = None
         if isinstance(self.kv_cache, HybridKVCache):
@@ -64,6 +66,7 @@ class ModelRunner:
                 [s.window_block_ids for s in batch.seqs],
                 self.block_size,
                 self.device,
+                verify,
             )
             layers = self.kv_cache.groups.window_layers
             windowed = WindowedKV(self.kv_cache.window_tensor, window_meta, layers)

@@ -23,6 +23,9 @@ class AttentionMetadata:
     query_lens: list[int]
     seq_lens_list: list[int]
     block_tables_list: list[list[int]]
+    # [B]: b's rows are a speculative verify (its last token, then its draft tokens): the
+    # kernels attend each row as the decode step at its position would
+    verify: list[bool]
 
 
 def compute_positions(query_lens: list[int], seq_lens: list[int]) -> np.ndarray:
@@ -47,12 +50,14 @@ def build_attention_metadata(
     block_tables: list[list[int]],
     block_size: int,
     device: torch.device | str = "cpu",
+    verify: list[bool] | None = None,
 ) -> AttentionMetadata:
     """Metadata of one ragged batch.
 
     query_lens[b]: new tokens of sequence b this step (their rows are consecutive in the batch,
     in the order of the lists); seq_lens[b]: its context length after this step (cached + new);
-    block_tables[b]: its block ids covering at least seq_lens[b] tokens.
+    block_tables[b]: its block ids covering at least seq_lens[b] tokens; verify[b]: its rows are
+    a speculative verify (AttentionMetadata.verify; default none).
     The new tokens of b sit at positions [seq_lens[b] - query_lens[b], seq_lens[b]).
     Backend-neutral: a backend derives its own per-step plan from it (AttentionBackend.plan).
     """
@@ -75,4 +80,5 @@ def build_attention_metadata(
         query_lens=list(query_lens),
         seq_lens_list=list(seq_lens),
         block_tables_list=[list(t) for t in block_tables],
+        verify=list(verify) if verify is not None else [False] * len(query_lens),
     )

@@ -84,8 +84,8 @@ class PrefillSegment:
 
 @dataclass
 class DecodePlan:
-    """Every sequence with exactly one new token, batched (torch path): its keys
-    [key_start, seq_len) gathered (from key_start's block) to [B, num_blocks * bs] and masked."""
+    """Every decode row (_decode_rows), batched (torch path): its keys [key_start, its len)
+    gathered (from key_start's block) to [B, num_blocks * bs] and masked."""
 
     rows: torch.Tensor  # int64 [B]: rows of q
     row_slice: slice | None  # the same rows as a slice when they are contiguous
@@ -96,14 +96,14 @@ class DecodePlan:
 
 @dataclass
 class NativeDecode:
-    """Every sequence with exactly one new token, for the native kernel: it reads each sequence's
-    keys in place through its block table (no gather, no mask); the keys of cached leading blocks
-    that several sequences share are read once for the group (`shared`)."""
+    """Every decode row (_decode_rows), for the native kernel: it reads each row's keys in place
+    through its sequence's block table (no gather, no mask); the keys of cached leading blocks
+    that several sequences share are read once for the group (`shared`: all their rows)."""
 
     rows: torch.Tensor  # int64 [B]: rows of q
     row_slice: slice | None  # the same rows as a slice when they are contiguous
-    block_tables: torch.Tensor  # int32 [B, max_blocks]
-    seq_lens: torch.Tensor  # int32 [B]
+    block_tables: torch.Tensor  # int32 [B, max_blocks]: each row's sequence's
+    seq_lens: torch.Tensor  # int32 [B]: keys [0, seq_len) of each row
     shared: SharedDecodeGroups | None = None
 
 
@@ -134,20 +134,19 @@ class TorchPlan:
 
 
 def _shared_prefixes(
+    candidates: list[int],
     query_lens: list[int],
     seq_lens: list[int],
     tables: list[list[int]],
     bs: int,
-    min_query_len: int,
 ) -> tuple[list[int], list[tuple[list[int], list[int]]]]:
     """(shared tokens per sequence, [(member sequences, shared block ids)]).
 
-    Sequences with at least min_query_len new tokens are grouped by their first block; a group
-    shares the longest common run of leading blocks that lies wholly before every member's first
-    new token."""
+    The candidate sequences are grouped by their first block; a group shares the longest common
+    run of leading blocks that lies wholly before every member's first new token."""
     by_first: dict[int, list[int]] = {}
-    for b, (qlen, slen) in enumerate(zip(query_lens, seq_lens, strict=True)):
-        if qlen >= min_query_len and (slen - qlen) // bs >= MIN_SHARED_BLOCKS:
+    for b in candidates:
+        if (seq_lens[b] - query_lens[b]) // bs >= MIN_SHARED_BLOCKS:
             by_first.setdefault(tables[b][0], []).append(b)
     shared_len = [0] * len(query_lens)
     groups = []
@@ -193,26 +192,45 @@ def _causal_batches(starts_by_len: dict[int, list[int]], device) -> list[CausalB
     return batches
 
 
-def _decode_plan(decodes, cu, seq_lens, key_starts, tables, bs, device) -> DecodePlan:
-    token_rows = cu[decodes]
-    # gathered from key_start's block: keys [key_start, seq_len) sit at [off, off + lens)
-    off = np.asarray([key_starts[b] % bs for b in decodes])
-    lens = np.asarray([seq_lens[b] - key_starts[b] for b in decodes])
-    nb = int(-(-(off + lens).max() // bs))
-    table = np.zeros((len(decodes), nb), dtype=np.int64)
-    for i, b in enumerate(decodes):
-        blocks = tables[b][key_starts[b] // bs : key_starts[b] // bs + nb]
+def _decode_sequences(meta: AttentionMetadata) -> list[int]:
+    """The sequences whose rows are decode steps: one new token, or a speculative verify."""
+    return [b for b, n in enumerate(meta.query_lens) if n == 1 or meta.verify[b]]
+
+
+def _decode_rows(
+    decodes: list[int], cu: np.ndarray, seq_lens: list[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows of q, each row's sequence, each row's keys) of the decode sequences, int64 [N] each:
+    row j of a sequence with L new tokens and seq_len S is the decode step of keys [0, S - L + j
+    + 1), so a verify row gets the arithmetic of the plain decode step at its position."""
+    b = np.asarray(decodes, dtype=np.int64)
+    seqs = np.repeat(b, cu[b + 1] - cu[b])
+    rows = np.concatenate([np.arange(cu[i], cu[i + 1]) for i in decodes])
+    return rows, seqs, np.asarray(seq_lens, dtype=np.int64)[seqs] - (cu[seqs + 1] - rows) + 1
+
+
+def _rows_slice(rows: np.ndarray) -> slice | None:
+    """rows as a slice when they are contiguous (they are increasing)."""
+    return slice(int(rows[0]), int(rows[-1]) + 1) if rows[-1] - rows[0] == len(rows) - 1 else None
+
+
+def _decode_plan(rows, seqs, lens, key_starts, tables, bs, device) -> DecodePlan:
+    # gathered from key_start's block: keys [key_start, len) of row i sit at [off, off + n)
+    off, n = key_starts % bs, lens - key_starts
+    nb = int(-(-(off + n).max() // bs))
+    table = np.zeros((len(rows), nb), dtype=np.int64)
+    for i, (b, start) in enumerate(zip(seqs, key_starts, strict=True)):
+        blocks = tables[b][start // bs : start // bs + nb]
         table[i, : len(blocks)] = blocks
-    contiguous = token_rows[-1] - token_rows[0] == len(decodes) - 1
     index = torch.arange(nb * bs)[None, :]
     allowed = (index >= torch.from_numpy(off)[:, None]) & (
-        index < torch.from_numpy(off + lens)[:, None]
+        index < torch.from_numpy(off + n)[:, None]
     )
-    mask = AdditiveMask.from_bool(allowed.view(len(decodes), 1, 1, nb * bs))
+    mask = AdditiveMask.from_bool(allowed.view(len(rows), 1, 1, nb * bs))
     mask.float32 = mask.float32.to(device)
     return DecodePlan(
-        rows=torch.from_numpy(token_rows).to(device),
-        row_slice=slice(int(token_rows[0]), int(token_rows[-1]) + 1) if contiguous else None,
+        rows=torch.from_numpy(rows).to(device),
+        row_slice=_rows_slice(rows),
         block_ids=torch.from_numpy(table.reshape(-1)).to(device),
         num_blocks=nb,
         mask=mask,
@@ -220,29 +238,27 @@ def _decode_plan(decodes, cu, seq_lens, key_starts, tables, bs, device) -> Decod
 
 
 def _native_decode(decodes, cu, meta: AttentionMetadata, device, share: bool) -> NativeDecode:
-    """share: group sequences by shared leading blocks (never under a window: a shared prefix
-    is attended whole)."""
-    token_rows = cu[decodes]
-    contiguous = token_rows[-1] - token_rows[0] == len(decodes) - 1
-    index = torch.from_numpy(np.asarray(decodes, dtype=np.int64)).to(device)
-    seq_lens = [meta.seq_lens_list[b] for b in decodes]
-    tables = [meta.block_tables_list[b] for b in decodes]
-    groups = []
-    if share:
-        _, groups = _shared_prefixes([1] * len(decodes), seq_lens, tables, meta.block_size, 1)
+    """share: group sequences by shared leading blocks, each member with all its rows (never
+    under a window: a shared prefix is attended whole)."""
+    rows, seqs, lens = _decode_rows(decodes, cu, meta.seq_lens_list)
     shared = None
-    if groups:
-        offsets = np.cumsum([0] + [len(members) for members, _ in groups], dtype=np.int32)
-        shared = SharedDecodeGroups(
-            offsets=torch.from_numpy(offsets),
-            members=torch.tensor([b for members, _ in groups for b in members], dtype=torch.int32),
-            blocks=torch.tensor([len(blocks) for _, blocks in groups], dtype=torch.int32),
+    if share:
+        _, groups = _shared_prefixes(
+            decodes, meta.query_lens, meta.seq_lens_list, meta.block_tables_list, meta.block_size
         )
+        if groups:
+            sizes = [int(np.isin(seqs, members).sum()) for members, _ in groups]
+            members = np.concatenate([np.flatnonzero(np.isin(seqs, m)) for m, _ in groups])
+            shared = SharedDecodeGroups(
+                offsets=torch.from_numpy(np.cumsum([0] + sizes, dtype=np.int32)),
+                members=torch.from_numpy(members.astype(np.int32)),
+                blocks=torch.tensor([len(blocks) for _, blocks in groups], dtype=torch.int32),
+            )
     return NativeDecode(
-        rows=torch.from_numpy(token_rows).to(device),
-        row_slice=slice(int(token_rows[0]), int(token_rows[-1]) + 1) if contiguous else None,
-        block_tables=meta.block_tables.index_select(0, index),
-        seq_lens=meta.seq_lens.index_select(0, index),
+        rows=torch.from_numpy(rows).to(device),
+        row_slice=_rows_slice(rows),
+        block_tables=meta.block_tables.index_select(0, torch.from_numpy(seqs).to(device)),
+        seq_lens=torch.from_numpy(lens.astype(np.int32)).to(device),
         shared=shared,
     )
 
@@ -265,9 +281,11 @@ def build_torch_plan(
     invariant: bool = False,
     window: int | None = None,
 ) -> TorchPlan:
-    """native_decode: decode tokens go to the native kernel (all their keys, in place) and take
+    """Decode rows (_decode_rows: one-token sequences and every row of a speculative verify)
+    are attended as decode steps, the others as prefill chunks.
+    native_decode: decode rows go to the native kernel (all their keys, in place) and take
     no part in shared-prefix groups; otherwise they are batched, gathered and masked in torch.
-    native_prefill: so do the sequences with more than one new token (the prefill kernel).
+    native_prefill: so do the prefill chunks (the prefill kernel).
     invariant (with native_prefill): every token goes to the prefill kernel, whose per-query sums
     run over fixed 64-key tiles from position 0: a token's attention is then the same bits
     whether it was decoded, prefilled in any chunk, or is the one uncached token of a hit.
@@ -283,17 +301,21 @@ def build_torch_plan(
         if invariant:  # every sequence through the prefill kernel, one-token steps included
             decodes, prefills = [], list(range(len(query_lens)))
         else:
-            decodes = [b for b, n in enumerate(query_lens) if n == 1]
-            prefills = [b for b, n in enumerate(query_lens) if n > 1]
+            decodes = _decode_sequences(meta)
+            prefills = [b for b, n in enumerate(query_lens) if n > 1 and not meta.verify[b]]
         if prefills:
             plan.native_prefill = _native_prefill(prefills, cu, meta, device)
         if decodes:
             plan.decode = _native_decode(decodes, cu, meta, device, share=window is None)
         return plan
+    decodes = _decode_sequences(meta)
+    is_decode = set(decodes)
     if window is None:
-        key_starts, groups = _shared_prefixes(
-            query_lens, seq_lens, tables, bs, min_query_len=2 if native_decode else 1
-        )
+        # with native_decode the kernel groups its own rows
+        grouped = [
+            b for b, n in enumerate(query_lens) if n and not (native_decode and b in is_decode)
+        ]
+        key_starts, groups = _shared_prefixes(grouped, query_lens, seq_lens, tables, bs)
     else:  # keys before the first new token's window are never read
         key_starts = [max(0, s - q - window + 1) for q, s in zip(query_lens, seq_lens, strict=True)]
         groups = []
@@ -308,11 +330,11 @@ def build_torch_plan(
                 num_tokens=len(blocks) * bs,
             )
         )
-    decodes, causal_starts = [], {}
+    causal_starts: dict[int, list[int]] = {}
     for b, (qlen, slen) in enumerate(zip(query_lens, seq_lens, strict=True)):
-        if qlen == 1:
-            decodes.append(b)
-        elif qlen > 1 and slen - key_starts[b] == qlen and window is None:
+        if b in is_decode:
+            continue
+        if qlen > 1 and slen - key_starts[b] == qlen and window is None:
             causal_starts.setdefault(qlen, []).append(int(cu[b]))  # its only keys: its new tokens
         elif qlen > 1:
             seg = _prefill_segment(
@@ -323,5 +345,8 @@ def build_torch_plan(
     if decodes and native_decode:
         plan.decode = _native_decode(decodes, cu, meta, device, share=window is None)
     elif decodes:
-        plan.decode = _decode_plan(decodes, cu, seq_lens, key_starts, tables, bs, device)
+        rows, seqs, lens = _decode_rows(decodes, cu, seq_lens)
+        # a row's keys: after its group's shared prefix, or from its own window start
+        starts = np.asarray(key_starts)[seqs] if window is None else np.maximum(0, lens - window)
+        plan.decode = _decode_plan(rows, seqs, lens, starts, tables, bs, device)
     return plan

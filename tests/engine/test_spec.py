@@ -54,6 +54,25 @@ def test_greedy_repeat_is_identical_and_drafts_are_accepted(make_llm, tiny_model
     assert _released(on_llm)
 
 
+def test_bfloat16_greedy_is_identical_with_shared_prefixes(make_llm, tiny_models):
+    """bfloat16 rounds each kernel's sums its own way: verify rows attended like plain decode
+    rows (the native decode kernel, in the same shared-prefix groups) keep near-ties as they are.
+    Six prompts after one 12-token system prompt, decoded together, twice."""
+    rng = random.Random(0)
+    system = [rng.randrange(3, 250) for _ in range(12)]
+    prompts = [
+        system + [rng.randrange(3, 250) for _ in range(rng.randrange(5, 20))] for _ in range(6)
+    ]
+    settings = {"dtype": "bfloat16", "num_blocks": 512}
+    off = _two_waves(make_llm(tiny_models["llama"], speculative="off", **settings), prompts, GREEDY)
+    llm = make_llm(tiny_models["llama"], speculative="cache", **settings)
+    assert llm.engine.runner.model.attention.native is not None
+    assert _two_waves(llm, prompts, GREEDY) == off
+    spec = _spec(llm)
+    assert spec.num_accepted_tokens > 0.5 * spec.num_draft_tokens > 0
+    assert _released(llm)
+
+
 @pytest.mark.slow
 def test_ngram_mode_drafts_from_the_requests_own_text(make_llm, default_model_path):
     """The default model asked to repeat a passage of this repository's README (float32)."""
