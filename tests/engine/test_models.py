@@ -300,7 +300,11 @@ def test_an_invariant_packed_matmul_gives_a_row_the_same_bits_at_every_row_count
         return (torch.randn(*size, generator=gen) * scale).to(dtype)
 
     weight = wide(*shape)
-    packed = pack_weight(weight, invariant=True)
+    try:
+        packed = pack_weight(weight, invariant=True)
+    except RuntimeError as exc:  # oneDNN's bf16 path needs AVX512-BW/VL/DQ or AVX-NE-CONVERT:
+        assert dtype is torch.bfloat16 and "cpu support" in str(exc)  # on an AVX2-only CPU
+        return  # the model keeps its plain weights there (prepack returns False)
     assert 1 <= packed.min_rows <= packed.max_rows
     x = wide(700, shape[1])
     one_by_one = torch.cat([linear(x[i : i + 1], weight, None, packed) for i in range(700)])
