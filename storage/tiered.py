@@ -214,10 +214,10 @@ class TieredStore:
     # --- loader thread ---
     def _load(self, job: LoadJob) -> None:
         where = leading_run(self.tiers, job.ns, job.hashes, count_misses=True)
-        promote, size, step = [], self.pacer.segment_blocks, -1
-        parts = list(segments(where, size))
+        promote, spent = [], 0.0
+        parts = list(segments(where, self.pacer.segment_blocks))
         for n, (t, start, end) in enumerate(parts):
-            step = self.pacer.wait_turn(step, job.deadline, len(parts) - n)
+            self.pacer.wait_turn(spent, job.deadline, len(parts) - n)
             if job.cancelled:
                 break
             tier, hashes = self.tiers[t], job.hashes[start:end]
@@ -230,6 +230,7 @@ class TieredStore:
                     return self._promote(job.ns, promote)
                 if t > 0:
                     promote.append((h, value))
+            spent = time.perf_counter() - t0
         self._promote(job.ns, promote)
 
     def _decode(self, tier: Tier, job: LoadJob, h: int, value: bytes | None) -> torch.Tensor | None:

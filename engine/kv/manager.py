@@ -93,6 +93,7 @@ class KVCacheManager:
                 return MatchState.LOADING
         else:
             last_hash = self._match_device(seq)
+            self._reuse_last_block(seq)  # the device has every block: nothing to load
             if self.tiers is not None and self._start_load(seq, last_hash, self.tiers):
                 return MatchState.LOADING
         self._reuse_last_block(seq)
@@ -167,10 +168,11 @@ class KVCacheManager:
         seq.window_block_ids, seq.num_window_released = table, first
 
     def _start_load(self, seq: Sequence, last_hash: int | None, tiers: KVTiers) -> bool:
-        """Starts loading the full blocks of tokens[:-1] after the device match; False when
-        there are none to ask for."""
-        bs, start = self.block_size, seq.num_computed_tokens
-        end = (seq.num_tokens - 1) // bs * bs
+        """Starts loading the full blocks after the device match (the last one too where the
+        prompt ends on a block boundary: its last token is then recomputed in a private copy, as
+        _reuse_last_block does on the device); False when there are none to ask for."""
+        bs, start = self.block_size, len(seq.block_ids) * self.block_size
+        end = seq.num_tokens // bs * bs
         if end <= start:
             return False
         ns = self._ns(seq)
@@ -208,16 +210,23 @@ class KVCacheManager:
         seq.kv_load = None
         if not load.block_ids:
             return True
-        bs, n = self.block_size, len(load.block_ids)
-        seq.num_computed_tokens += n * bs
+        bs, before = self.block_size, seq.num_computed_tokens
+        # the last token is always computed (its logits): a block ending there stays private
+        # until that step fills it again, then it is committed like any other
+        seq.num_computed_tokens = min(before + len(load.block_ids) * bs, seq.num_tokens - 1)
         self._commit(seq, loaded=True)
         if self.windows is not None and self.release_window_blocks:
             self._release_out_of_window(seq, self.windows)
         if seq.num_preemptions == 0:
             assert load.arrived is not None
-            seq.num_cached_tokens += n * bs
+            seq.num_cached_tokens += seq.num_computed_tokens - before
             for name in load.arrived.tiers:
                 seq.cached_by_tier[name] = seq.cached_by_tier.get(name, 0) + bs
+            if seq.num_computed_tokens == seq.num_tokens - 1:
+                last = load.arrived.tiers[-1]
+                seq.cached_by_tier[last] -= (
+                    before + len(load.block_ids) * bs - seq.num_computed_tokens
+                )
         return True
 
     def _reuse_last_block(self, seq: Sequence) -> None:

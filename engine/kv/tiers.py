@@ -7,6 +7,7 @@ business."""
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ import torch
 
 from engine.hybrid_kv_cache import HybridKVCache
 from radixcache.window_blocks import NULL_BLOCK
+from storage.pacing import STEP_SHARE
 
 if TYPE_CHECKING:
     from engine.kv.listeners import Committed
@@ -23,10 +25,6 @@ if TYPE_CHECKING:
     from radixcache.results import EvictedBlock
     from radixcache.window_blocks import WindowBlocks
     from storage.tiered import LoadResult, PendingLoad, TieredStore
-
-# bytes of loaded KV copied into device blocks per engine step while sequences decode: a long
-# load goes in over a few steps instead of stalling one for its whole copy
-INSTALL_BYTES_PER_STEP = 8 << 20
 
 
 @dataclass
@@ -63,8 +61,10 @@ class KVTiers:
         if isinstance(kv_cache, HybridKVCache):
             num_layers += kv_cache.window_tensor.shape[0]
         self.block_shape = (num_layers, t.shape[1], *t.shape[3:])  # [layers, 2, bs, Hkv, D]
-        block_bytes = math.prod(self.block_shape) * t.element_size()
-        self.install_blocks_per_step = max(1, INSTALL_BYTES_PER_STEP // block_bytes)
+        # while sequences decode, loaded blocks are copied in for at most this share of a step
+        # (at least one block a step), so a long load goes in over a few steps, not one stall
+        self.install_share = STEP_SHARE
+        self._copy_s = math.prod(self.block_shape) * t.element_size() / 4e9  # per block (EMA)
 
     def _block_kv(self, block_id: int, window_block: int) -> torch.Tensor | None:
         if isinstance(self.kv_cache, HybridKVCache):
@@ -113,20 +113,25 @@ class KVTiers:
         return TierLoad(self.store.start_load(ns, hashes, shape=self.block_shape))
 
     def write_some(self, load: TierLoad, decoding: bool) -> None:
-        """Copies the next arrived blocks into their device blocks: install_blocks_per_step of
-        them while sequences decode, else all."""
+        """Copies the next arrived blocks into their device blocks: while sequences decode, as
+        many as fit in install_share of a step (at least one), else all."""
         assert load.arrived is not None
         start = load.written
         end = len(load.block_ids)
         if decoding:
-            end = min(end, start + self.install_blocks_per_step)
+            budget = self.install_share * self.store.pacer.step_s
+            end = min(end, start + max(1, int(budget / self._copy_s)))
+        if end == start:
+            return
         ids, blocks = load.block_ids[start:end], load.arrived.blocks[start:end]
+        t0 = time.perf_counter()
         kv_cache = self.kv_cache
         if isinstance(kv_cache, HybridKVCache):
             for f, w, kv in zip(ids, load.window_ids[start:end], blocks, strict=True):
                 kv_cache.write_block(f, w, kv)
         else:
             kv_cache.write_blocks(ids, blocks)
+        self._copy_s += 0.3 * ((time.perf_counter() - t0) / (end - start) - self._copy_s)
         load.written = end
 
     def lookup(self, ns: Namespace, hashes: list[int]) -> dict[str, int]:

@@ -18,36 +18,40 @@ from tests.storage.blocks import chain, encoded, make_block
 FAR = 3600.0
 
 
-def test_a_decoding_engine_lets_one_segment_through_per_step() -> None:
-    pacer = LoadPacer()
+def test_a_decoding_engine_lets_the_loader_use_its_share_of_each_step() -> None:
+    pacer = LoadPacer(share=0.1)
     pacer.step_started(decoding=True)
-    first = pacer.wait_turn(-1, time.monotonic() + FAR, 2)  # the step it starts in: no wait
-    turns: list[int] = []
-    waiter = threading.Thread(
-        target=lambda: turns.append(pacer.wait_turn(first, time.monotonic() + FAR, 1))
-    )
+    pacer.wait_turn(0.0, time.monotonic() + FAR, 3)  # the first segment of a step: no wait
+    pacer.wait_turn(0.001, time.monotonic() + FAR, 2)  # 1 ms < 10% of a 50 ms step: no wait
+    done = threading.Event()
+
+    def next_segment() -> None:
+        pacer.wait_turn(0.009, time.monotonic() + FAR, 1)  # 10 ms spent: the share is used
+        done.set()
+
+    waiter = threading.Thread(target=next_segment)
     waiter.start()
-    waiter.join(0.3)
-    assert waiter.is_alive() and not turns  # the same step: it waits for the next one
+    assert not done.wait(0.3)  # it waits for the next step
     pacer.step_started(decoding=True)
-    waiter.join(10)
-    assert turns == [first + 1]
+    assert done.wait(10)
+    waiter.join()
 
 
 def test_nothing_decoding_or_a_near_deadline_does_not_wait() -> None:
-    pacer = LoadPacer()
-    step = pacer.wait_turn(-1, time.monotonic() + FAR, 4)
-    assert pacer.wait_turn(step, time.monotonic() + FAR, 4) == step  # no steps: not decoding
+    pacer = LoadPacer(share=0.0)  # one segment a step
+    pacer.wait_turn(0.0, time.monotonic() + FAR, 4)
+    pacer.wait_turn(0.01, time.monotonic() + FAR, 4)  # no steps seen: nothing decoding
     pacer.step_started(decoding=True)
-    step = pacer.wait_turn(step, time.monotonic() + FAR, 4)
+    pacer.wait_turn(0.01, time.monotonic() + FAR, 4)
     start = time.monotonic()
-    # 4 segments at the first guess of a step (50 ms) do not fit in 0.1 s: read at once
-    assert pacer.wait_turn(step, start + 0.1, 4) == step
+    # 4 more segments at a step each (the first guess of a step: 50 ms) miss a 0.1 s deadline
+    pacer.wait_turn(0.01, start + 0.1, 4)
     assert time.monotonic() - start < 0.1
 
 
 def test_a_paced_load_needs_a_step_per_segment(tmp_path: Path, ns: Namespace) -> None:
     store = TieredStore(TierConfig(disk_path=tmp_path / "disk", deadline_s=FAR))
+    store.pacer.share = 0.0  # one segment a step
     size = store.pacer.segment_blocks
     hashes = chain(ns, 3 * size)
     store.tiers[0].put(ns, encoded(hashes))
