@@ -31,6 +31,7 @@ from typing import Any
 
 from benchmarks.results_io import write_results
 from benchmarks.spec_workloads import NAMES, Workload, build
+from engine.dtypes import resolve_dtype
 from engine.llm import LLM
 from engine.sampling import SamplingParams
 
@@ -100,7 +101,7 @@ def bench_vllm(args: argparse.Namespace, name: str, batch: int, tok: Any, vocab:
         return []
     request = {
         "model": args.model_path,
-        "dtype": "bfloat16" if args.dtype == "auto" else args.dtype,
+        "dtype": resolve_dtype(args.dtype, "cpu"),  # the dtype ours runs: the same work
         "max_num_seqs": batch,
         "prompts": w.waves[0],
         "warm": w.untimed_waves > 0,
