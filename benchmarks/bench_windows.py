@@ -8,8 +8,9 @@ Rows (ours; with --vllm-python also vLLM's CPU build on the same folder and prom
   KV MB / seq        device KV the cold request holds while it decodes alone (peak), with the
                      sliding-window layers' out-of-window blocks let go, and kept (the
                      engine's --no-release-window-blocks: every layer holds every token)
-  fit                most sequences of that length running at once in --budget-mb of KV,
-                     released (the default split of the budget) and kept (one pool's worth)
+  fit                most sequences of that length running at once in --budget-mb of KV:
+                     released (the pools split for that length, as --num-window-blocks sets
+                     it) and kept (one pool's worth)
 
     python -m benchmarks.bench_windows --model ~/.cache/radixcache/models/gemma3-270m \\
         --contexts 2048 4096 8192 --threads 2 --vllm-python /work/venvs/vllm/bin/python
@@ -152,10 +153,27 @@ def held_when_kept(args: argparse.Namespace, context: int, vocab: int) -> float:
     return held
 
 
+def released_engine(args: argparse.Namespace, context: int, memory: int) -> LLMEngine:
+    """`memory` split between the pools as an operator serving `context`-token sequences sets it
+    (--num-window-blocks): both hold as many of them. (The automatic split keeps room for
+    max_num_seqs windows, which a small budget cannot give long sequences.)"""
+    probe = make_engine(args, kv_cache_memory=1 << 20, num_blocks=64)
+    full_bytes, window_bytes = block_bytes(probe)
+    windows = probe.scheduler.kv.windows
+    assert windows is not None, "not a model with sliding-window layers"
+    window_per_seq = windows.needed + 2  # the window's blocks, the one being written, a margin
+    probe.close()
+    full_per_seq = -(-(context + args.out_tokens) // args.block_size)
+    chunk = -(-args.batched_tokens // args.block_size)  # a prefill chunk's blocks, before release
+    per_seq = full_per_seq * full_bytes + window_per_seq * window_bytes
+    n = (memory - chunk * window_bytes) // per_seq
+    return make_engine(args, kv_cache_memory=memory, num_window_blocks=n * window_per_seq + chunk)
+
+
 def fit_in_budget(args: argparse.Namespace, context: int, vocab: int, kept: bool) -> int:
     """Most sequences of `context` tokens running at once in args.budget_mb of KV."""
     memory = args.budget_mb << 20
-    engine = kept_engine(args, memory) if kept else make_engine(args, kv_cache_memory=memory)
+    engine = kept_engine(args, memory) if kept else released_engine(args, context, memory)
     rng = random.Random(context + 1)
     prompts = [random_tokens(rng, context, vocab) for _ in range(16)]
     params = SamplingParams(temperature=0, max_tokens=args.out_tokens, ignore_eos=True)
@@ -193,6 +211,18 @@ def ours(args: argparse.Namespace) -> list[WindowRow]:
         print_rows(rows[-1:])
     engine.close()
     return rows
+
+
+def fit_rows(args: argparse.Namespace) -> None:
+    """--fit-only: sequences of each context that fit --budget-mb, released and kept."""
+    vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+    rows = []
+    for context in args.contexts:
+        released, kept = (fit_in_budget(args, context, vocab, k) for k in (False, True))
+        rows.append({"context": context, "budget_mb": args.budget_mb, "fit_released": released,
+                     "fit_kept": kept})  # fmt: skip
+        print(f"context {context}: {released} sequences fit released, {kept} kept", flush=True)
+    write_results(args.out, rows)
 
 
 def vllm(args: argparse.Namespace, vocab: int) -> list[WindowRow]:
@@ -275,7 +305,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--vllm-python", default=None)
     parser.add_argument("--out", default="windows", help="results/<out>.json")
+    parser.add_argument("--fit-only", action="store_true", help="only the fit rows (our side)")
     args = parser.parse_args()
+    if args.fit_only:
+        return fit_rows(args)
     print_rows([], header=True)
     rows = ours(args)
     if args.vllm_python:

@@ -31,6 +31,15 @@ class LoadPacer:
         self._segment_s = 0.0  # recent time the loader took for one segment (EMA)
         self._spent = 0.0  # loader seconds in the current step
         self._segments = 0  # segments read in the current step
+        self._jobs = 0  # loads started and not finished (the one being read and those behind it)
+
+    def job_started(self) -> None:
+        with self._cond:
+            self._jobs += 1
+
+    def job_finished(self) -> None:
+        with self._cond:
+            self._jobs -= 1
 
     def step_started(self, decoding: bool) -> None:
         """The engine starts a step; `decoding`: sequences are running whose tokens pacing
@@ -46,7 +55,8 @@ class LoadPacer:
     def wait_turn(self, spent_s: float, deadline: float, segments_left: int) -> None:
         """Called by the loader before each segment, with the seconds the previous one took (0
         before the first); blocks while it has used its share of this step, unless nothing is
-        decoding or the `segments_left` would no longer fit before `deadline` at this pace."""
+        decoding or the `segments_left` would no longer fit before `deadline` at this pace (the
+        loads queued behind this one count as as many segments each: they have deadlines too)."""
         with self._cond:
             if spent_s:
                 self._spent += spent_s
@@ -56,7 +66,7 @@ class LoadPacer:
             if self.share > 0:
                 per_segment = min(per_segment, self._segment_s / self.share)
             while self._over_share():
-                paced_rest = segments_left * per_segment
+                paced_rest = segments_left * max(1, self._jobs) * per_segment
                 slack = deadline - time.monotonic() - _DEADLINE_MARGIN * paced_rest
                 if slack <= 0:
                     break

@@ -145,6 +145,7 @@ class TieredStore:
         if not hashes or not self.tiers:
             return PendingLoad(self, job, None)
         self.store_stats.loads += 1
+        self.pacer.job_started()
         return PendingLoad(self, job, self._loader.submit(self._load, job))
 
     def step_started(self, decoding: bool) -> None:
@@ -213,6 +214,13 @@ class TieredStore:
 
     # --- loader thread ---
     def _load(self, job: LoadJob) -> None:
+        try:
+            if not job.cancelled:  # a load whose deadline passed in the queue reads nothing
+                self._read(job)
+        finally:
+            self.pacer.job_finished()
+
+    def _read(self, job: LoadJob) -> None:
         where = leading_run(self.tiers, job.ns, job.hashes, count_misses=True)
         promote, spent = [], 0.0
         parts = list(segments(where, self.pacer.segment_blocks))
