@@ -79,7 +79,9 @@ def _run_phase(
 def bench_itl_tier(
     name: str, cfg: TierConfig, prompt_tokens: int, num_streams: int, num_loads: int, steps: int
 ) -> dict:
-    llm = LLM(None, tiers=cfg, seed=0, num_blocks=2048)
+    # speculation off: with it a stream's steps depend on what the earlier phases left to draft
+    # from, which the phases would not share
+    llm = LLM(None, tiers=cfg, seed=0, num_blocks=2048, speculative="off")
     vocab = llm.tokenizer.vocab_size
     rng = random.Random(4)
     n = min(prompt_tokens, llm.engine.max_model_len - 1)
