@@ -247,10 +247,12 @@ def _native_decode(decodes, cu, meta: AttentionMetadata, device, share: bool) ->
             decodes, meta.query_lens, meta.seq_lens_list, meta.block_tables_list, meta.block_size
         )
         if groups:
-            sizes = [int(np.isin(seqs, members).sum()) for members, _ in groups]
-            members = np.concatenate([np.flatnonzero(np.isin(seqs, m)) for m, _ in groups])
+            rows_of = [np.flatnonzero(np.isin(seqs, members)) for members, _ in groups]
+            members = np.concatenate(rows_of)
             shared = SharedDecodeGroups(
-                offsets=torch.from_numpy(np.cumsum([0] + sizes, dtype=np.int32)),
+                offsets=torch.from_numpy(
+                    np.cumsum([0] + [len(r) for r in rows_of], dtype=np.int32)
+                ),
                 members=torch.from_numpy(members.astype(np.int32)),
                 blocks=torch.tensor([len(blocks) for _, blocks in groups], dtype=torch.int32),
             )

@@ -91,12 +91,12 @@ class KVCacheManager:
         if seq.kv_load is not None:
             if not self._install(seq, seq.kv_load, decoding):
                 return MatchState.LOADING
+            self._reuse_last_block(seq)
         else:
             last_hash = self._match_device(seq)
             self._reuse_last_block(seq)  # the device has every block: nothing to load
             if self.tiers is not None and self._start_load(seq, last_hash, self.tiers):
                 return MatchState.LOADING
-        self._reuse_last_block(seq)
         if self.windows is not None and self.release_window_blocks:
             self._release_out_of_window(seq, self.windows)
         return MatchState.READY
@@ -188,9 +188,10 @@ class KVCacheManager:
         if n == 0 or not self.cache.can_allocate(n):
             return
         if windows is not None:  # only the blocks the window of the next token reads
-            if not windows.can_allocate(min(n, windows.needed)):
+            read = min(n, windows.needed)
+            if not windows.can_allocate(read):
                 return
-            tail = self._take_window(windows, min(n, windows.needed))
+            tail = self._take_window(windows, read)
             load.window_ids = [NULL_BLOCK] * (n - len(tail)) + tail
             seq.window_block_ids += load.window_ids
         ids = self._take(n)
@@ -219,13 +220,11 @@ class KVCacheManager:
             self._release_out_of_window(seq, self.windows)
         if seq.num_preemptions == 0:
             assert load.arrived is not None
-            seq.num_cached_tokens += seq.num_computed_tokens - before
-            for name in load.arrived.tiers:
-                seq.cached_by_tier[name] = seq.cached_by_tier.get(name, 0) + bs
-            if seq.num_computed_tokens == seq.num_tokens - 1:
-                last = load.arrived.tiers[-1]
-                seq.cached_by_tier[last] -= (
-                    before + len(load.block_ids) * bs - seq.num_computed_tokens
+            gained = seq.num_computed_tokens - before
+            seq.num_cached_tokens += gained
+            for i, name in enumerate(load.arrived.tiers):  # the last block: maybe bs - 1
+                seq.cached_by_tier[name] = seq.cached_by_tier.get(name, 0) + min(
+                    bs, gained - i * bs
                 )
         return True
 

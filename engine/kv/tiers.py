@@ -64,6 +64,7 @@ class KVTiers:
         # while sequences decode, loaded blocks are copied in for at most this share of a step
         # (at least one block a step), so a long load goes in over a few steps, not one stall
         self.install_share = STEP_SHARE
+        self.pacer = store.pacer  # its step time sizes that share
         self._copy_s = math.prod(self.block_shape) * t.element_size() / 4e9  # per block (EMA)
 
     def _block_kv(self, block_id: int, window_block: int) -> torch.Tensor | None:
@@ -105,7 +106,7 @@ class KVTiers:
 
     # --- loads ---
     def step_started(self, decoding: bool) -> None:
-        """Paces the loader: one segment per step while sequences decode (storage.pacing)."""
+        """Paces the loader to a share of each step while sequences decode (storage.pacing)."""
         self.store.step_started(decoding)
 
     def start_load(self, ns: Namespace, hashes: list[int]) -> TierLoad:
@@ -119,7 +120,7 @@ class KVTiers:
         start = load.written
         end = len(load.block_ids)
         if decoding:
-            budget = self.install_share * self.store.pacer.step_s
+            budget = self.install_share * self.pacer.step_s
             end = min(end, start + max(1, int(budget / self._copy_s)))
         if end == start:
             return
