@@ -5,7 +5,9 @@ in the call: on AMX CPUs one kernel family up to 32 rows, others from 64 and aga
 AVX512-BF16 EPYC the 1,536-wide down projection sums a lone row in another order than two or more.
 A batch-invariant model (deterministic mode) runs every call within the range of row counts this
 CPU's kernels agree on, probed once per weight shape: a lone row padded to the range's floor, more
-rows than its cap split into calls of the cap."""
+rows than its cap split into calls of the cap. The default model pads a lone row to the floor too
+(a decode step of one sequence then sums as a speculative verify of it does, so greedy output is
+the same with speculation on and off) but keeps its calls whole."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import torch.nn.functional as F
 
 PROBE_ROWS = 256  # the largest cap probed (more rows go in further calls of this many)
 CHECKED_ROWS = 64  # rows compared against the floor's calls at each count
+PROBE_TILE = 1024  # distinct weight rows in a probe
+LONE_ROWS = 16  # rows compared one at a time against two at a time (every load of a model)
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ def pack_weight(weight: torch.Tensor, invariant: bool = False) -> PackedWeight:
     invariant: with the row range that keeps every row's bits independent of its call's rows."""
     data = _reorder(weight)
     if not invariant:
-        return PackedWeight(data)
+        return PackedWeight(data, 0, lone_row_floor(*weight.shape, weight.dtype))
     floor, cap = invariant_rows(*weight.shape, weight.dtype)
     return PackedWeight(data, cap, floor)
 
@@ -79,27 +83,45 @@ def _packed_linear(
     return out if rows == m else out[:m]
 
 
-@functools.cache
-def invariant_rows(out_features: int, in_features: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(floor, cap): the row counts, padded, from floor (1 or 2) up to cap (<= PROBE_ROWS) at
-    which every call of this shape gives each of CHECKED_ROWS rows the bits of floor-row calls,
-    on this CPU. The data spans magnitudes 2^-6..2^6, so the sums cancel and a change in the order
-    of accumulation shows in the rounded bits (plain random data hides most of them)."""
+def _probe(out_features: int, in_features: int, dtype: torch.dtype):
+    """A packed weight and PROBE_ROWS inputs of this shape whose magnitudes span 2^-6..2^6, so
+    the sums cancel and a change in the order of accumulation shows in the rounded bits (plain
+    random data hides most of them); and calls_of(rows, floor): the first CHECKED_ROWS rows'
+    outputs computed `rows` at a time."""
     gen = torch.Generator().manual_seed(0)
 
     def wide(*shape: int) -> torch.Tensor:
         scale = torch.exp2(torch.randint(-6, 7, shape, generator=gen).float())
         return (torch.randn(*shape, generator=gen) * scale).to(dtype)
 
-    data = _reorder(wide(out_features, in_features))
+    # the weight's rows repeat a tile (cheap to make for a vocabulary-wide head): each output
+    # still sums over every input, in the kernel's order
+    tile = wide(min(out_features, PROBE_TILE), in_features)
+    data = _reorder(tile.repeat(-(-out_features // len(tile)), 1)[:out_features])
     x = wide(PROBE_ROWS, in_features)
 
-    def calls_of(rows: int, floor: int) -> torch.Tensor:  # the checked rows, `rows` at a time
-        n = max(rows, CHECKED_ROWS)
+    def calls_of(rows: int, floor: int, checked: int = CHECKED_ROWS) -> torch.Tensor:
+        n = max(rows, checked)
         return torch.cat(
             [_packed_linear(x[i : i + rows], data, None, floor) for i in range(0, n, rows)]
-        )[:CHECKED_ROWS]
+        )[:checked]
 
+    return calls_of
+
+
+@functools.cache
+def lone_row_floor(out_features: int, in_features: int, dtype: torch.dtype) -> int:
+    """2 where this CPU sums a lone row of this shape in another order than rows of two, else 1."""
+    calls_of = _probe(out_features, in_features, dtype)
+    return 1 if torch.equal(calls_of(1, 1, LONE_ROWS), calls_of(2, 1, LONE_ROWS)) else 2
+
+
+@functools.cache
+def invariant_rows(out_features: int, in_features: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(floor, cap): the row counts, padded, from floor (1 or 2) up to cap (<= PROBE_ROWS) at
+    which every call of this shape gives each of CHECKED_ROWS rows the bits of floor-row calls,
+    on this CPU."""
+    calls_of = _probe(out_features, in_features, dtype)
     best = (1, 1)
     for floor in (1, 2):
         reference, cap = calls_of(floor, floor), floor

@@ -312,6 +312,31 @@ def test_an_invariant_packed_matmul_gives_a_row_the_same_bits_at_every_row_count
         assert torch.equal(linear(x[:m], weight, None, packed), one_by_one[:m]), m
 
 
+@pytest.mark.parametrize("shape", [(3072, 576), (576, 1536)])
+def test_a_default_packed_matmul_sums_a_lone_row_as_a_call_of_several(shape):
+    """Without deterministic mode a call keeps all its rows, but a lone row (a decode step of
+    one sequence) is padded to this CPU's floor, so it gets the bits its row gets in a verify
+    call of a few rows (speculation on and off then agree); on an AVX512-BF16 EPYC the
+    1,536-wide projection sums a lone bf16 row in another order otherwise."""
+    from engine.models.packed_linear import invariant_rows, linear, pack_weight, padded_rows
+
+    gen = torch.Generator().manual_seed(1)
+    scale = torch.exp2(torch.randint(-6, 7, (shape[0] + 40, shape[1]), generator=gen).float())
+    wide = (torch.randn(shape[0] + 40, shape[1], generator=gen) * scale).to(torch.bfloat16)
+    weight, x = wide[: shape[0]].contiguous(), wide[shape[0] :]
+    try:
+        packed = pack_weight(weight)
+    except RuntimeError as exc:  # no oneDNN bf16 path on an AVX2-only CPU
+        assert "cpu support" in str(exc)
+        return
+    assert packed.max_rows == 0  # calls stay whole
+    _, cap = invariant_rows(*shape, torch.bfloat16)
+    lone = torch.cat([linear(x[i : i + 1], weight, None, packed) for i in range(len(x))])
+    for m in (2, 3, 9, 17, 40):
+        if padded_rows(m) <= cap:
+            assert torch.equal(linear(x[:m], weight, None, packed), lone[:m]), m
+
+
 def test_packed_matmuls_see_few_row_counts_and_keep_every_row():
     from engine.models.packed_linear import linear, pack_weight, padded_rows
 
