@@ -6,7 +6,9 @@ tier (bench_tiers --sections itl).
 
 Per tier (disk only, Redis only): `streams` requests decode while nothing else happens (the
 baseline), then while `loads` requests whose prefix sits only in that tier arrive one after
-another; the time between consecutive tokens of every stream is recorded in both phases.
+another, then while the same requests arrive as device hits; the time between consecutive tokens
+of every stream is recorded in each phase. Three rounds of the three phases (the device cache
+flushed to the tier before each), after one load that warms the process's allocator.
 Written against the engine's public surface (LLM, add_request, step) only, so this file also
 runs unchanged on older checkouts (copy it there) for a before/after comparison.
 """
@@ -77,7 +79,13 @@ def _run_phase(
 
 
 def bench_itl_tier(
-    name: str, cfg: TierConfig, prompt_tokens: int, num_streams: int, num_loads: int, steps: int
+    name: str,
+    cfg: TierConfig,
+    prompt_tokens: int,
+    num_streams: int,
+    num_loads: int,
+    steps: int,
+    rounds: int,
 ) -> dict:
     # speculation off: with it a stream's steps depend on what the earlier phases left to draft
     # from, which the phases would not share
@@ -85,9 +93,14 @@ def bench_itl_tier(
     vocab = llm.tokenizer.vocab_size
     rng = random.Random(4)
     n = min(prompt_tokens, llm.engine.max_model_len - 1)
-    loads = [[rng.randrange(100, vocab - 100) for _ in range(n)] for _ in range(num_loads)]
-    llm.generate(loads, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
-    _flush(llm)  # the load prompts' blocks now live only in the tier
+    prompts = [[rng.randrange(100, vocab - 100) for _ in range(n)] for _ in range(num_loads + 1)]
+    greedy1 = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    llm.generate(prompts, greedy1)
+    _flush(llm)  # the prompts' blocks now live only in the tier
+    # a process's first load touches fresh memory for every block it reads (the allocator's
+    # heap grows), several times a later load's cost: one load before the phases, nothing decoding
+    warm, loads = prompts[0], prompts[1:]
+    llm.generate([warm], greedy1)
     # each phase has fresh streams (same prompt length), so their contexts, and with them the
     # time of a step, are alike across phases; they outlast their phase (paced loads take steps)
     most = llm.engine.max_model_len - 65
@@ -105,19 +118,27 @@ def bench_itl_tier(
             llm.engine.abort(sid)
         return gaps
 
-    base = phase("base", [], None)
+    # rounds of the three phases, each round's loads from the tier again (the device cache
+    # flushed before it), so p99 rests on a few hundred gaps per phase rather than one or two
+    base, with_loads, device_hits = [], [], []
     load_ttfts: list[float] = []
-    with_loads = phase("loads", loads, load_ttfts)
-    # the same requests again, now device hits: what serving them costs the streams without any
-    # tier I/O (their last token is computed either way)
     hit_ttfts: list[float] = []
-    device_hits = phase("hits", loads, hit_ttfts)
+    for r in range(rounds):
+        if r:
+            _flush(llm)
+        base += phase(f"base{r}", [], None)
+        with_loads += phase(f"loads{r}", loads, load_ttfts)
+        # the same requests again, now device hits: what serving them costs the streams
+        # without any tier I/O (their last token is computed either way)
+        device_hits += phase(f"hits{r}", loads, hit_ttfts)
     llm.engine.close()
     row = {
         "tier": name,
         "prompt_tokens": n,
         "streams": num_streams,
         "loads": num_loads,
+        "rounds": rounds,
+        "gaps_per_phase": len(base),
         "itl_p50_s": _pct(base, 0.5),
         "itl_p99_s": _pct(base, 0.99),
         "itl_p50_loads_s": _pct(with_loads, 0.5),
@@ -138,14 +159,17 @@ def bench_itl_tier(
 
 
 def bench_itl(server: RedisServer, tmp: Path, quick: bool) -> list[dict]:
-    size, streams, loads, steps = (512, 2, 3, 24) if quick else (2048, 4, 8, 96)
+    size, streams, loads, steps, rounds = (512, 2, 3, 24, 1) if quick else (2048, 4, 8, 96, 3)
     configs = {
         "disk": TierConfig(disk_path=tmp / "itl-disk", deadline_s=60.0),
         "redis": TierConfig(
             redis_url=server.url, redis_prefix="bench-itl", redis_timeout_s=10.0, deadline_s=60.0
         ),
     }
-    rows = [bench_itl_tier(name, cfg, size, streams, loads, steps) for name, cfg in configs.items()]
+    rows = [
+        bench_itl_tier(name, cfg, size, streams, loads, steps, rounds)
+        for name, cfg in configs.items()
+    ]
     header = ["tier", "prompt", "streams", "loads", "p50", "p99", "p50 loads", "p99 loads"]
     header += ["p50 hits", "p99 hits", "p99 ratio to hits", "p99 ratio", "load TTFT", "hit TTFT"]
     print(
