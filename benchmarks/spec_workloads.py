@@ -40,6 +40,22 @@ CHATS = [
     "Write a poem about autumn leaves.",
     "How do vaccines train the immune system?",
     "Suggest a name for a coffee shop and explain it.",
+    "Write a letter to a friend who moved to another country.",
+    "What should I pack for a week of camping by a lake?",
+    "Explain how a bicycle stays upright when it moves.",
+    "Tell me a fable about a fox and a crow, with its moral.",
+    "How can I start learning to play the piano as an adult?",
+    "Describe a busy market in the morning, in a few paragraphs.",
+    "What makes a good team leader? Give examples.",
+    "Write a short dialogue between a robot and a gardener.",
+    "Why do cats purr? Explain what is known.",
+    "Plan a simple vegetarian dinner for four people.",
+    "Describe the water cycle for a school report.",
+    "Write a story about a train that runs through the night.",
+    "What are good habits for sleeping well?",
+    "Explain the rules of chess to a beginner.",
+    "Write a poem about the sea in winter.",
+    "How does a refrigerator keep food cold?",
 ]
 
 Next = Callable[[list[list[int]], list[list[int]]], list[list[int]]]  # (prompts, answers) -> next
@@ -67,12 +83,15 @@ def chat(tok: Any, messages: list[dict[str, str]]) -> list[int]:
     return list(tok.apply_chat_template(messages))
 
 
+def source_passages(n: int, chars: int) -> list[str]:
+    """n passages of `chars` characters: each source's first, then each one's next, ..."""
+    return [passage(SOURCES[i % len(SOURCES)], chars, i // len(SOURCES) * chars) for i in range(n)]
+
+
 def repeat(tok: Any, n: int, max_tokens: int) -> Workload:
     prompts = [
-        chat(
-            tok, [{"role": "user", "content": "Explain what this code does:\n\n" + passage(p, 700)}]
-        )
-        for p in SOURCES[:n]
+        chat(tok, [{"role": "user", "content": "Explain what this code does:\n\n" + text}])
+        for text in source_passages(n, 700)
     ]
     same: Next = lambda prompts, answers: prompts  # noqa: E731 - the same prompts again
     return Workload("repeat", "REPEAT", [prompts], max_tokens, False, 1, 2, same)
@@ -80,8 +99,8 @@ def repeat(tok: Any, n: int, max_tokens: int) -> Workload:
 
 def edit(tok: Any, n: int, max_tokens: int) -> Workload:
     prompts = [
-        chat(tok, [{"role": "user", "content": EDITS[i % len(EDITS)] + "\n\n" + passage(p, 600)}])
-        for i, p in enumerate(SOURCES[:n])
+        chat(tok, [{"role": "user", "content": EDITS[i % len(EDITS)] + "\n\n" + text}])
+        for i, text in enumerate(source_passages(n, 600))
     ]
     return Workload("edit", "EDIT", [prompts], max_tokens)
 

@@ -285,8 +285,9 @@ def build_torch_plan(
 ) -> TorchPlan:
     """Decode rows (_decode_rows: one-token sequences and every row of a speculative verify)
     are attended as decode steps, the others as prefill chunks.
-    native_decode: decode rows go to the native kernel (all their keys, in place) and take
-    no part in shared-prefix groups; otherwise they are batched, gathered and masked in torch.
+    native_decode: decode rows go to the native kernel (all their keys, in place; it reads a
+    shared prefix once per group); otherwise they are batched, gathered and masked in torch, and
+    take no part in shared-prefix groups either way.
     native_prefill: so do the prefill chunks (the prefill kernel).
     invariant (with native_prefill): every token goes to the prefill kernel, whose per-query sums
     run over fixed 64-key tiles from position 0: a token's attention is then the same bits
@@ -313,10 +314,10 @@ def build_torch_plan(
     decodes = _decode_sequences(meta)
     is_decode = set(decodes)
     if window is None:
-        # with native_decode the kernel groups its own rows
-        grouped = [
-            b for b, n in enumerate(query_lens) if n and not (native_decode and b in is_decode)
-        ]
+        # decode rows are attended alone here, every key in one pass (a shared prefix's separate
+        # softmax would make a row's bits depend on who shares it); the native kernel groups its
+        # own by whole parts, which keeps them
+        grouped = [b for b, n in enumerate(query_lens) if n and b not in is_decode]
         key_starts, groups = _shared_prefixes(grouped, query_lens, seq_lens, tables, bs)
     else:  # keys before the first new token's window are never read
         key_starts = [max(0, s - q - window + 1) for q, s in zip(query_lens, seq_lens, strict=True)]

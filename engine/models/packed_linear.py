@@ -48,13 +48,19 @@ def _reorder(weight: torch.Tensor) -> torch.Tensor:
 
 
 def padded_rows(m: int) -> int:
-    """The row count a packed matmul runs with: powers of two up to 64, then multiples of 64.
+    """The row count a packed matmul runs with: 1, 2, 4, then multiples of 4 up to 64, of 16 up
+    to 512, of 64 beyond (70 counts up to 2,048 rows).
 
     oneDNN caches one primitive per shape (up to 1,024, with their scratch memory); ragged batches
     have a new row count almost every step, so unpadded the cache grows the process by hundreds of MB
-    and each new shape pays a primitive creation."""
-    if m <= 64:
+    and each new shape pays a primitive creation. The steps are fine where decode and verify steps
+    fall: from 8 rows on a bf16 matmul is bound by its arithmetic on a small CPU, so a step's cost
+    grows with its padded rows (powers of two made a batch of 8 with one draft token cost 16 rows)."""
+    if m <= 4:
         return 1 << (m - 1).bit_length()
+    for limit, step in ((64, 4), (512, 16)):
+        if m <= limit:
+            return -(-m // step) * step
     return -(-m // 64) * 64
 
 

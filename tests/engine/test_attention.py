@@ -14,11 +14,13 @@ from engine.attention import (
 )
 
 
-def make_batch(seed, query_lens, prefix_lens, block_size, hq, hkv, d, groups=None, ordered=False):
+def make_batch(
+    seed, query_lens, prefix_lens, block_size, hq, hkv, d, groups=None, ordered=False, shared=8
+):
     """Random q/k/v for the new tokens and random cached prefixes in a paged cache.
 
     groups[b] (optional): sequences with the same group id start with the same cached blocks
-    (as many as their cached prefix covers), like requests sharing a system prompt.
+    (as many as their cached prefix covers, up to `shared`), like requests sharing a system prompt.
     ordered: hand out consecutive block ids (the cache is then sliced, not gathered)."""
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -28,7 +30,9 @@ def make_batch(seed, query_lens, prefix_lens, block_size, hq, hkv, d, groups=Non
     free = (
         list(range(num_blocks))[::-1] if ordered else [int(b) for b in rng.permutation(num_blocks)]
     )
-    group_blocks = {g: [free.pop() for _ in range(8)] for g in set(groups or []) if g is not None}
+    group_blocks = {
+        g: [free.pop() for _ in range(shared)] for g in set(groups or []) if g is not None
+    }
     tables, full_k, full_v = [], [], []
     for i, (qlen, plen) in enumerate(zip(query_lens, prefix_lens, strict=True)):
         nb = -(-(qlen + plen) // block_size) + int(rng.integers(0, 2))  # maybe a spare block
@@ -172,10 +176,47 @@ def test_native_decode_reads_a_shared_prefix_once_per_group(dtype):
     torch.testing.assert_close(out, torch_out, rtol=tol, atol=tol)
 
 
+def test_native_decode_gives_a_row_the_same_bits_in_any_shared_group():
+    """The kernel attends a row's keys in parts of 16 blocks at fixed positions, and a group
+    reads only whole parts of its prefix once for all members: a decode row gets the same bits
+    alone, in a group of four (2 parts shared) or of two (3 parts shared), so how sequences
+    happen to be batched (speculation on or off) cannot move a greedy near-tie."""
+    native = native_module()
+    bs, hq, hkv, d = 2, 4, 2, 16
+    prefix_lens = [70, 100, 66, 110]
+    q, k, v, k_cache, v_cache, tables, full_k, full_v = make_batch(
+        5, [1] * 4, prefix_lens, bs, hq, hkv, d, groups=[0] * 4, shared=56
+    )
+    q, k, v, k_cache, v_cache = (x.to(torch.bfloat16) for x in (q, k, v, k_cache, v_cache))
+
+    def decode(seqs: list[int]):
+        meta = build_attention_metadata(
+            [1] * len(seqs), [prefix_lens[b] + 1 for b in seqs], [tables[b] for b in seqs], bs
+        )
+        backend = TorchAttention(native)
+        plan = backend.plan(meta)
+        out = backend.forward(q[seqs], k[seqs], v[seqs], k_cache, v_cache, plan, d**-0.5, None)
+        return out, plan.decode.shared
+
+    together, shared = decode([0, 1, 2, 3])
+    assert shared.blocks.tolist() == [33]  # 66 cached tokens in common: 2 whole parts
+    ref = dense_reference(q.float(), full_k, full_v, [1] * 4, d**-0.5)
+    torch.testing.assert_close(together.float(), ref, rtol=2e-2, atol=2e-2)
+    pair, shared = decode([1, 3])
+    assert shared.blocks.tolist() == [50]  # 3 whole parts
+    assert torch.equal(pair, together[[1, 3]])
+    for b in range(4):
+        alone, shared = decode([b])
+        assert shared is None
+        assert torch.equal(alone[0], together[b]), b
+
+
 def test_shared_prefix_groups_are_found():
+    """Prefill chunks share a cached prefix; decode rows are attended alone on the torch path
+    (group 1 keeps one prefill chunk: no group)."""
     _, _, plan, _ = run_case(CASES[7])
-    assert sorted(len(g.rows) for g in plan.shared) == [4, 16]
-    assert sorted(g.num_tokens for g in plan.shared) == [8, 16]
+    assert [g.rows.tolist() for g in plan.shared] == [[*range(0, 6), *range(7, 16)]]
+    assert [g.num_tokens for g in plan.shared] == [16]
     _, _, plan, _ = run_case(CASES[11], ordered=True)
     assert [(b.n, b.length, b.rows) for b in plan.causal] == [(2, 7, slice(0, 14))]
     assert [len(p.mask.float32) for p in plan.prefills] == [7]  # seq 3: 3 cached tokens of its own

@@ -201,10 +201,10 @@ inline void decode_values(__m512* acc, const float* p, int64_t len, const T* v_h
 // rows of those heads are contiguous, so a task streams through whole blocks; every key row is
 // loaded once and dotted with its G query heads. The row one block ahead is prefetched (blocks
 // are scattered).
-template <typename T, int64_t D>
+template <typename T, int64_t D, typename O>
 void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const int64_t* slots,
                         int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t h0,
-                        int64_t h1, float scale, T* out, float* lse,
+                        int64_t h1, float scale, O* out, float* lse,
                         std::vector<float>& scores) {
   constexpr int64_t V = D / 16;  // vectors per row
   const int64_t row = hkv * D;
@@ -286,11 +286,11 @@ void decode_task_avx512(const T* q, const T* k_cache, const T* v_cache, const in
     }
   alignas(64) float tmp[16];
   for (int64_t j = 0; j < heads; ++j) {
-    T* o = out + (h0 * group + j) * D;
+    O* o = out + (h0 * group + j) * D;
     const __m512 inv = _mm512_set1_ps(maxes[j]);
     for (int64_t c = 0; c < V; ++c) {
       _mm512_store_ps(tmp, _mm512_mul_ps(acc[j * V + c], inv));
-      for (int64_t i = 0; i < 16; ++i) o[c * 16 + i] = static_cast<T>(tmp[i]);
+      for (int64_t i = 0; i < 16; ++i) o[c * 16 + i] = static_cast<O>(tmp[i]);
     }
   }
 }
@@ -398,10 +398,10 @@ inline void value_chunk(__m256* const* acc, const float* const* p, const T* v, i
 // decode_task_avx512 with 8-float vectors: chunks of 8 keys, one transposing reduction per
 // chunk and query head gives its 8 scores as one vector; values are summed one block at a time,
 // up to 3 query heads x 16 dims in registers. The block ahead is prefetched.
-template <typename T, int64_t D>
+template <typename T, int64_t D, typename O>
 void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int64_t* slots,
                       int64_t len, int64_t bs, int64_t hkv, int64_t group, int64_t h0, int64_t h1,
-                      float scale, T* out, float* lse, std::vector<float>& scores) {
+                      float scale, O* out, float* lse, std::vector<float>& scores) {
   constexpr int64_t V = D / 8;  // vectors per row
   const int64_t row = hkv * D;
   const int64_t heads = (h1 - h0) * group;  // query heads of this task
@@ -478,7 +478,7 @@ void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int6
         }
   }
   for (int64_t j = 0; j < heads; ++j) {
-    T* o = out + (h0 * group + j) * D;
+    O* o = out + (h0 * group + j) * D;
     const __m256 s = _mm256_set1_ps(inv[j]);
     for (int64_t c = 0; c < V; ++c) store8(o + c * 8, _mm256_mul_ps(acc[j * V + c], s));
   }
@@ -487,10 +487,10 @@ void decode_task_avx2(const T* q, const T* k_cache, const T* v_cache, const int6
 
 // One (sequence, kv head), keys at slots[0, len): q / out are the sequence's [Hq, D] rows; the
 // task's query heads are kvh * group .. (kvh + 1) * group. scores is scratch of group * len.
-template <typename T>
+template <typename T, typename O>
 void decode_task(const T* q, const T* k_cache, const T* v_cache, const int64_t* slots,
                  int64_t len, int64_t hkv, int64_t group, int64_t D, int64_t kvh, float scale,
-                 T* out, float* lse, std::vector<float>& scores) {
+                 O* out, float* lse, std::vector<float>& scores) {
   const int64_t row = hkv * D;  // one slot of a cache: Hkv * D values
   scores.resize(static_cast<size_t>(group * len));
   std::vector<float> qf(static_cast<size_t>(group * D)), acc(static_cast<size_t>(group * D), 0.f);
@@ -526,8 +526,8 @@ void decode_task(const T* q, const T* k_cache, const T* v_cache, const int64_t* 
     }
   }
   for (int64_t g = 0; g < group; ++g) {
-    T* o = out + (kvh * group + g) * D;
-    for (int64_t i = 0; i < D; ++i) o[i] = static_cast<T>(acc[g * D + i]);
+    O* o = out + (kvh * group + g) * D;
+    for (int64_t i = 0; i < D; ++i) o[i] = static_cast<O>(acc[g * D + i]);
   }
 }
 
@@ -543,28 +543,29 @@ void run_in_order(int64_t n, const F& fn) {
 
 // Kv heads [h0, h1) of one query row set: q / out hold its heads [Hkv * group, D], attending keys
 // [begin, end) of `table`; lse (when given) gets each query head's log-sum-exp.
-template <typename T, int64_t D>
+template <typename T, int64_t D, typename O>
 void decode_heads(const T* q, const T* k_cache, const T* v_cache, const int32_t* table,
                   int64_t begin, int64_t end, int64_t bs, int64_t hkv, int64_t group, int64_t d,
-                  int64_t h0, int64_t h1, float scale, T* out, float* lse,
+                  int64_t h0, int64_t h1, float scale, O* out, float* lse,
                   std::vector<float>& scores) {
   const int64_t* slots = list_slots(table, begin, end, bs);
   const int64_t len = end - begin;
 #ifdef __AVX512F__
   if constexpr (D > 0) {
-    decode_task_avx512<T, D>(q, k_cache, v_cache, slots, len, bs, hkv, group, h0, h1, scale, out,
+    decode_task_avx512<T, D, O>(q, k_cache, v_cache, slots, len, bs, hkv, group, h0, h1, scale, out,
                              lse, scores);
     return;
   }
 #elif defined(RC_AVX2)
   if constexpr (D > 0 && D % 16 == 0) {
-    decode_task_avx2<T, D>(q, k_cache, v_cache, slots, len, bs, hkv, group, h0, h1, scale, out,
+    decode_task_avx2<T, D, O>(q, k_cache, v_cache, slots, len, bs, hkv, group, h0, h1, scale, out,
                            lse, scores);
     return;
   }
 #endif
   for (int64_t kvh = h0; kvh < h1; ++kvh)
-    decode_task<T>(q, k_cache, v_cache, slots, len, hkv, group, d, kvh, scale, out, lse, scores);
+    decode_task<T, O>(q, k_cache, v_cache, slots, len, hkv, group, d, kvh, scale, out, lse,
+                      scores);
 }
 
 // Sequences that share their first blocks (a cached prefix): the prefix's keys are read once for
@@ -576,6 +577,14 @@ struct SharedGroups {
   int64_t count = 0;
 };
 
+// A sequence's keys are attended in parts of PART_BLOCKS blocks at fixed positions (multiples of
+// PART_BLOCKS * block_size), each part's softmax kept in float32 with its log-sum-exp, and the
+// parts merged in order: a group's shared pass computes whole parts of its prefix for all members
+// with the same arithmetic a member alone would use, so a row's bits do not depend on whether it
+// shared its prefix, with whom, or how long the shared run was (speculation on and off batch
+// sequences differently). One part (a context up to 256 keys at block size 16) is today's pass.
+constexpr int64_t PART_BLOCKS = 16;
+
 // D: the head dim as a compile-time constant for the vector path, or 0 (any head dim).
 // window > 0: each sequence attends its last `window` keys only (no shared groups then).
 template <typename T, int64_t D>
@@ -584,7 +593,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
             const SharedGroups& shared, int64_t window, torch::Tensor& out) {
   const int64_t n = q.size(0), hq = q.size(1), d = q.size(2);
   const int64_t bs = k_cache.size(1), hkv = k_cache.size(2), width = block_tables.size(1);
-  const int64_t group = hq / hkv;
+  const int64_t group = hq / hkv, part = PART_BLOCKS * bs;
   const T* qp = q.data_ptr<T>();
   const T* kp = k_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
@@ -592,76 +601,118 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   T* op = out.data_ptr<T>();
   const float sc = static_cast<float>(scale);
-  // per sequence: keys before start[b] * bs come from its group's shared pass
-  std::vector<int64_t> start(static_cast<size_t>(n), 0);
-  // the shared passes' stacked rows: group g's [Hkv, members * group, D] at row base[g] * hq
-  std::vector<int64_t> base(static_cast<size_t>(shared.count + 1), 0);
-  for (int64_t g = 0; g < shared.count; ++g) {
-    base[g + 1] = base[g] + shared.offsets[g + 1] - shared.offsets[g];
-    for (int64_t i = shared.offsets[g]; i < shared.offsets[g + 1]; ++i) {
-      const int32_t b = shared.members[i];
-      TORCH_CHECK(b >= 0 && b < n && shared.blocks[g] * bs < lens[b], "bad shared group");
-      start[b] = shared.blocks[g];
-    }
+  // per sequence: keys [begin, len), parts first_part.. of which the first `from_group` come from
+  // its group's pass; its own parts' results at rows (offset + k) * hq of `own`
+  std::vector<int64_t> begin(n), first_part(n), num_parts(n), offset(n + 1, 0);
+  std::vector<int64_t> from_group(n, 0), group_of(n, -1), member(n, 0);
+  for (int64_t b = 0; b < n; ++b) {
+    begin[b] = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
+    first_part[b] = begin[b] / part;
+    num_parts[b] = (lens[b] - 1) / part - first_part[b] + 1;
+    offset[b + 1] = offset[b] + num_parts[b];
   }
-  const int64_t stacked = base[shared.count];
-  // stacked row of member i (of m) of group g, kv head h, its query head j
-  auto stacked_row = [&](int64_t g, int64_t m, int64_t i, int64_t h, int64_t j) {
-    return (base[g] * hkv + h * m + i) * group + j;
-  };
-  std::vector<T> sq(static_cast<size_t>(stacked * hq * d)), so(sq.size());
-  std::vector<float> slse(static_cast<size_t>(stacked * hq));
-  std::vector<float> lse(static_cast<size_t>(shared.count > 0 ? n * hq : 0));  // members' own part
+  // per group: the whole parts every member holds; its stacked rows (members x heads) per part
+  // at sbase[g] + c * m * hq, its stacked queries at qbase[g] (groups without a whole part: none)
+  std::vector<int64_t> gparts(shared.count, 0), sbase(shared.count + 1, 0), qbase(shared.count + 1, 0);
   for (int64_t g = 0; g < shared.count; ++g) {
+    const int64_t m = shared.offsets[g + 1] - shared.offsets[g];
+    gparts[g] = shared.blocks[g] / PART_BLOCKS;
+    for (int64_t i = 0; i < m; ++i) {
+      const int32_t b = shared.members[shared.offsets[g] + i];
+      TORCH_CHECK(b >= 0 && b < n && shared.blocks[g] * bs < lens[b], "bad shared group");
+      from_group[b] = gparts[g], group_of[b] = g, member[b] = i;
+    }
+    sbase[g + 1] = sbase[g] + gparts[g] * m * hq;
+    qbase[g + 1] = qbase[g] + (gparts[g] > 0 ? m * hq : 0);
+  }
+  // stacked row of member i (of m) of a group, kv head h, its query head j
+  auto stacked_row = [&](int64_t m, int64_t i, int64_t h, int64_t j) {
+    return (h * m + i) * group + j;
+  };
+  std::vector<T> sq(static_cast<size_t>(qbase[shared.count] * d));
+  std::vector<float> sout(static_cast<size_t>(sbase[shared.count] * d));
+  std::vector<float> slse(static_cast<size_t>(sbase[shared.count]));
+  std::vector<float> own(static_cast<size_t>(offset[n] * hq * d));
+  std::vector<float> olse(static_cast<size_t>(offset[n] * hq));
+  for (int64_t g = 0; g < shared.count; ++g) {
+    if (gparts[g] == 0) continue;
     const int64_t m = shared.offsets[g + 1] - shared.offsets[g];
     for (int64_t i = 0; i < m; ++i)
       for (int64_t h = 0; h < hkv; ++h)
-        std::memcpy(sq.data() + stacked_row(g, m, i, h, 0) * d,
+        std::memcpy(sq.data() + (qbase[g] + stacked_row(m, i, h, 0)) * d,
                     qp + (shared.members[shared.offsets[g] + i] * hq + h * group) * d,
                     static_cast<size_t>(group * d) * sizeof(T));
   }
-  // tasks: each shared pass per kv head (the costliest, first), then per sequence its own keys
+  // tasks: each shared part per kv head (the costliest, first), then per sequence its own parts
   // (all kv heads: whole slots stream in; with few sequences, one kv head each)
-  const int64_t split = n >= 2 * at::get_num_threads() ? 1 : hkv;
-  const int64_t per_task = hkv / split, shared_tasks = shared.count * hkv;
-  run_in_order(shared_tasks + n * split, [&](int64_t task) {
+  struct Task {
+    int64_t owner, part, h0;  // group or sequence, part index (absolute), first kv head
+  };
+  std::vector<Task> tasks;
+  for (int64_t g = 0; g < shared.count; ++g)
+    for (int64_t c = 0; c < gparts[g]; ++c)
+      for (int64_t h = 0; h < hkv; ++h) tasks.push_back({g, c, h});
+  const int64_t num_shared = static_cast<int64_t>(tasks.size());
+  const int64_t split = offset[n] >= 2 * at::get_num_threads() ? 1 : hkv;
+  const int64_t per_task = hkv / split;
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t k = from_group[b]; k < num_parts[b]; ++k)
+      for (int64_t s = 0; s < split; ++s) tasks.push_back({b, first_part[b] + k, s * per_task});
+  run_in_order(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
     thread_local std::vector<float> scores;
-    if (task < shared_tasks) {
-      const int64_t g = task / hkv, h = task % hkv;
-      const int64_t m = shared.offsets[g + 1] - shared.offsets[g];
+    const Task task = tasks[static_cast<size_t>(t)];
+    const int64_t c = task.part;
+    if (t < num_shared) {
+      const int64_t g = task.owner, m = shared.offsets[g + 1] - shared.offsets[g];
       const int32_t* table = tables + shared.members[shared.offsets[g]] * width;
-      decode_heads<T, D>(sq.data() + base[g] * hq * d, kp, vp, table, 0, shared.blocks[g] * bs,
-                         bs, hkv, m * group, d, h, h + 1, sc, so.data() + base[g] * hq * d,
-                         slse.data() + base[g] * hq, scores);
+      const int64_t rows = sbase[g] + c * m * hq;
+      decode_heads<T, D, float>(sq.data() + qbase[g] * d, kp, vp, table, c * part, (c + 1) * part,
+                                bs, hkv, m * group, d, task.h0, task.h0 + 1, sc,
+                                sout.data() + rows * d, slse.data() + rows, scores);
       return;
     }
-    task -= shared_tasks;
-    const int64_t b = task / split, h0 = (task % split) * per_task;
-    const int64_t begin = window > 0 ? std::max<int64_t>(0, lens[b] - window) : start[b] * bs;
-    decode_heads<T, D>(qp + b * hq * d, kp, vp, tables + b * width, begin, lens[b], bs, hkv,
-                       group, d, h0, h0 + per_task, sc, op + b * hq * d,
-                       start[b] ? lse.data() + b * hq : nullptr, scores);
+    const int64_t b = task.owner, rows = (offset[b] + c - first_part[b]) * hq;
+    decode_heads<T, D, float>(qp + b * hq * d, kp, vp, tables + b * width,
+                              std::max(begin[b], c * part), std::min<int64_t>(lens[b], (c + 1) * part),
+                              bs, hkv, group, d, task.h0, task.h0 + per_task, sc,
+                              own.data() + rows * d, olse.data() + rows, scores);
   });
-  // each member's two parts, weighted by their log-sum-exps
-  for (int64_t g = 0; g < shared.count; ++g) {
-    const int64_t m = shared.offsets[g + 1] - shared.offsets[g];
-    for (int64_t i = 0; i < m; ++i) {
-      const int64_t b = shared.members[shared.offsets[g] + i];
+  // each row's parts, in order, weighted by their log-sum-exps (one part: its result as it is)
+  at::parallel_for(0, n, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<const float*> outs;
+    std::vector<float> weights;
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t g = group_of[b];
+      const int64_t m = g >= 0 ? shared.offsets[g + 1] - shared.offsets[g] : 0;
       for (int64_t h = 0; h < hkv; ++h)
         for (int64_t j = 0; j < group; ++j) {
-          const int64_t row = stacked_row(g, m, i, h, j);
-          const float l1 = slse[row], l2 = lse[b * hq + h * group + j];
-          const float top = std::max(l1, l2);
-          float w1 = std::exp(l1 - top), w2 = std::exp(l2 - top);
-          const float norm = 1.f / (w1 + w2);
-          w1 *= norm, w2 *= norm;
-          const T* o1 = so.data() + row * d;
-          T* o = op + (b * hq + h * group + j) * d;
-          for (int64_t c = 0; c < d; ++c)
-            o[c] = static_cast<T>(w1 * static_cast<float>(o1[c]) + w2 * static_cast<float>(o[c]));
+          const int64_t r = h * group + j;
+          outs.clear(), weights.clear();
+          float top = -std::numeric_limits<float>::infinity();
+          for (int64_t k = 0; k < num_parts[b]; ++k) {
+            int64_t row = (offset[b] + k) * hq + r;
+            const float* o = own.data();
+            const float* l = olse.data();
+            if (k < from_group[b]) {
+              row = sbase[g] + k * m * hq + stacked_row(m, member[b], h, j);
+              o = sout.data(), l = slse.data();
+            }
+            outs.push_back(o + row * d);
+            weights.push_back(l[row]);
+            top = std::max(top, l[row]);
+          }
+          float total = 0.f;
+          for (float& w : weights) total += (w = std::exp(w - top));
+          const float norm = 1.f / total;
+          T* dst = op + (b * hq + r) * d;
+          for (int64_t x = 0; x < d; ++x) {
+            float acc = 0.f;
+            for (size_t k = 0; k < outs.size(); ++k) acc += weights[k] * norm * outs[k][x];
+            dst[x] = static_cast<T>(acc);
+          }
         }
     }
-  }
+  });
 }
 
 template <int64_t D>
