@@ -28,6 +28,7 @@ benchmarks/results/spec.json.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -81,6 +82,8 @@ def bench_one(args: argparse.Namespace, name: str, batch: int, mode: str, tok: A
     llm.engine.prefix_cache.check_integrity()
     spec = llm.engine.stats.spec
     llm.engine.close()
+    del llm
+    gc.collect()  # the engine's parts hold each other: its pools go only with a collection
     row = {
         "workload": name,
         "group": w.group,
