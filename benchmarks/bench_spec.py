@@ -83,7 +83,7 @@ def bench_one(args: argparse.Namespace, name: str, batch: int, mode: str, tok: A
     spec = llm.engine.stats.spec
     llm.engine.close()
     del llm
-    gc.collect()  # the engine's parts hold each other: its pools go only with a collection
+    gc.collect()  # its parts hold each other: close() freed the pools, a collection frees the rest
     row = {
         "workload": name,
         "group": w.group,

@@ -160,6 +160,10 @@ class HybridKVCache(KVCache):
     def nbytes(self) -> int:
         return super().nbytes + self.window_tensor.numel() * self.window_tensor.element_size()
 
+    def release(self) -> None:
+        super().release()
+        self.window_tensor = self.window_tensor.new_empty(0)
+
     def copy_window_block(self, src: int, dst: int) -> None:
         self.window_tensor[:, :, dst] = self.window_tensor[:, :, src]
 

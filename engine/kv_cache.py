@@ -74,6 +74,11 @@ class KVCache:
     def nbytes(self) -> int:
         return self.tensor.numel() * self.tensor.element_size()
 
+    def release(self) -> None:
+        """Frees the pool now (a closed engine's parts hold each other: left to the cycle
+        collector, the memory would go only at its next pass)."""
+        self.tensor = self.tensor.new_empty(0)
+
     def copy_block(self, src: int, dst: int) -> None:
         self.tensor[:, :, dst] = self.tensor[:, :, src]
 

@@ -68,12 +68,14 @@ class LLMEngine:
         self.load_poll_s = 0.005  # an idle step waits this long for a spill-tier load at most
 
     def close(self) -> None:
-        """Finishes queued tier writes and stops the tier threads."""
+        """Finishes queued tier writes, stops the tier threads and frees the KV pools (the
+        engine cannot step after this)."""
         if self.tiers is not None:
             self.tiers.close()
         if self.kv_events is not None:
             self.kv_events.close()
         self.guide.close()
+        self.kv_cache.release()
 
     # --- requests ---
     def namespace_for(self, cache_salt: str = "") -> Namespace:

@@ -222,3 +222,22 @@ def test_a_fully_cached_prompt_computes_only_its_last_token(make_llm, length, co
     assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
     llm.engine.admin(CheckIntegrity())  # raises on a leak or a broken invariant
     assert llm.engine.admin(CacheStatsOp()).referenced == 0
+
+
+def test_closing_an_engine_frees_its_kv_pool_without_a_collection(tiny_llama):
+    """The engine's parts hold each other, so the cycle collector alone would free a closed
+    engine's pool at its next pass: close() frees it at once (a process that builds engines one
+    after another, a benchmark's rows, no longer piles them up)."""
+    import gc
+    import weakref
+
+    llm = _llm(tiny_llama)
+    llm.generate([_tokens(12, 1)], GREEDY)
+    pool = weakref.ref(llm.engine.kv_cache.tensor)
+    gc.disable()
+    try:
+        llm.engine.close()
+        assert pool() is None
+        assert llm.engine.kv_cache.nbytes == 0
+    finally:
+        gc.enable()
