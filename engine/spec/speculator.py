@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     from engine.request import Sequence
     from engine.scheduler import ScheduledBatch
 
-COST_MARGIN = 1.5  # a draft token's chance must exceed its row's cost in tokens' worth this many x
-
 # emit(seq, token, logprob, top logprobs) -> why seq stops after the token, or None
 Emit = Callable[["Sequence", int, "float | None", "dict | None"], "str | None"]
 
@@ -87,12 +85,10 @@ class Speculator:
         ]
         if not decoding:
             return
-        # a row's cost over a token's worth (what plain decoding pays for one token now), with a
-        # margin: a draft must be expected to return more than it costs by more than the line's
-        # error, or free text (where acceptance hovers near the break-even) pays for guesses
+        # a row's cost over a token's worth (what plain decoding pays for one token now)
         fixed, per_row = self.cost.line()
         worth = (fixed + per_row * batch.num_tokens) / len(decoding)
-        threshold = COST_MARGIN * per_row / worth if worth > 0 else 0.0
+        threshold = per_row / worth if worth > 0 else 0.0
         budget = self.max_num_batched_tokens - batch.num_tokens
         for b in decoding:
             seq = batch.seqs[b]
