@@ -704,10 +704,11 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
           float total = 0.f;
           for (float& w : weights) total += (w = std::exp(w - top));
           const float norm = 1.f / total;
+          for (float& w : weights) w *= norm;
           T* dst = op + (b * hq + r) * d;
           for (int64_t x = 0; x < d; ++x) {
             float acc = 0.f;
-            for (size_t k = 0; k < outs.size(); ++k) acc += weights[k] * norm * outs[k][x];
+            for (size_t k = 0; k < outs.size(); ++k) acc += weights[k] * outs[k][x];
             dst[x] = static_cast<T>(acc);
           }
         }
