@@ -49,19 +49,21 @@ def _reorder(weight: torch.Tensor) -> torch.Tensor:
 
 def padded_rows(m: int) -> int:
     """The row count a packed matmul runs with: 1, 2, 4, then multiples of 4 up to 64, of 16 up
-    to 512, of 64 beyond (70 counts up to 2,048 rows).
+    to 256, of 64 up to 1,024, of 256 beyond (46 counts up to 2,048 rows).
 
     oneDNN caches one primitive per shape (up to 1,024, with their scratch memory); ragged batches
     have a new row count almost every step, so unpadded the cache grows the process by hundreds of MB
     and each new shape pays a primitive creation. The steps are fine where decode and verify steps
     fall: from 8 rows on a bf16 matmul is bound by its arithmetic on a small CPU, so a step's cost
-    grows with its padded rows (powers of two made a batch of 8 with one draft token cost 16 rows)."""
+    grows with its padded rows (powers of two made a batch of 8 with one draft token cost 16 rows).
+    They widen with the rows (at most a quarter wasted) because every count held costs a model
+    about 3 MB of primitives: 70 counts made a server's memory climb for several rounds of load."""
     if m <= 4:
         return 1 << (m - 1).bit_length()
-    for limit, step in ((64, 4), (512, 16)):
+    for limit, step in ((64, 4), (256, 16), (1024, 64)):
         if m <= limit:
             return -(-m // step) * step
-    return -(-m // 64) * 64
+    return -(-m // 256) * 256
 
 
 def linear(

@@ -15,6 +15,8 @@ from tests.serve_process import ServeProcess
 
 BLOCK = 4
 CLIENTS = 64
+ROUNDS = 4
+WARM_UP_ROUNDS = 2  # oneDNN keeps a primitive per padded row count: the first rounds meet most
 
 
 def reference_texts(make_llm, requests) -> list[str]:
@@ -28,7 +30,7 @@ def reference_texts(make_llm, requests) -> list[str]:
 
 @pytest.mark.slow
 def test_soak_leaves_nothing_behind(make_llm, tiny_llama: Path, tmp_path: Path) -> None:
-    rounds = [make_requests(2 * CLIENTS, seed=s, prefix_len=64) for s in range(3)]
+    rounds = [make_requests(2 * CLIENTS, seed=s, prefix_len=64) for s in range(ROUNDS)]
     args = ["--model", str(tiny_llama), "--dtype", "float32", "--block-size", str(BLOCK)]
     args += ["--num-blocks", "160", "--max-num-seqs", "8", "--max-model-len", "512"]
     args += ["--host-tier-bytes", "2M", "--disk-path", str(tmp_path / "kv"), "--threads", "1"]
@@ -50,4 +52,5 @@ def test_soak_leaves_nothing_behind(make_llm, tiny_llama: Path, tmp_path: Path) 
             rss.append(rss_bytes(server.proc.pid))
     finally:
         server.terminate()
-    assert rss[-1] <= rss[0] * 1.1, rss  # after the warm-up round, memory stays flat
+    rss_mb = [r // 2**20 for r in rss]
+    assert rss[-1] <= rss[WARM_UP_ROUNDS - 1] * 1.05, rss_mb  # after the warm-up, memory is flat
