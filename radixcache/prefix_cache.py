@@ -147,6 +147,17 @@ class PrefixCache:
             return []
         return list(continuation(node, _as_tokens(tail), limit))
 
+    def holds_next_block(
+        self, ns: Namespace, handle: NodeHandle | None, block: Sequence[int]
+    ) -> bool:
+        """Whether the tree holds a block of these `block_size` tokens right after `handle`
+        (None: the namespace root): committing such a block switches to the tree's copy."""
+        node = self.tree.roots.get(ns) if handle is None else handle
+        if node is None or node.ns != ns or len(block) != self.block_size:
+            return False
+        toks = _as_tokens(block)
+        return (toks[0] if self.block_size == 1 else toks.tobytes()) in node.children
+
     def is_cached(self, block_id: int) -> bool:
         """True when the tree owns `block_id` (it may also carry private references)."""
         return self.pool.owned(block_id)

@@ -290,6 +290,25 @@ class KVCacheManager:
             seq.block_ids.extend(self.cache.allocate(n) or [])
         return max(0, min(num_draft, len(seq.block_ids) * bs - end))
 
+    def draft_within_own_block(self, seq: Sequence, draft: list[int]) -> int:
+        """How many of a decoding seq's draft tokens to verify: all, unless their rows would run
+        past the end of its current block and the tree already holds that block. Committing it
+        then switches seq to the tree's copy, whose bits may differ (another prefill chunking),
+        so the rows past it would attend seq's own copy where plain decoding, one step later,
+        attends the tree's: cut there, greedy output stays the same with and without drafts."""
+        bs, last = self.block_size, seq.num_tokens - 1  # the row of seq's last token
+        start = last // bs * bs
+        end = start + bs
+        if last + len(draft) < end or not self._shares(seq):
+            return len(draft)
+        if seq.num_tree_blocks * bs != start:  # not committed up to its block: nothing switches
+            return len(draft)
+        own = seq.token_ids[start : last + 1]
+        block = [*own, *draft[: end - last - 1]]
+        if self.cache.holds_next_block(self._ns(seq), seq.handle, block):
+            return end - last - 1
+        return len(draft)
+
     def trim(self, seq: Sequence) -> None:
         """Frees the private blocks past what seq's tokens need (a rejected draft's slots)."""
         keep = max(blocks_for(seq.num_tokens, self.block_size), seq.num_tree_blocks)

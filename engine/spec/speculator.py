@@ -104,6 +104,8 @@ class Speculator:
                 state.shadows[source] = (seq.num_tokens, draft[0])
                 if gain > best_gain:
                     best, best_k, best_gain, best_draft = source, k, gain, draft
+            if best_k > 0:
+                best_k = self.kv.draft_within_own_block(seq, best_draft[:best_k])
             if best_k == 0:
                 continue
             del state.shadows[best]  # scored by verify instead

@@ -54,6 +54,31 @@ def test_greedy_repeat_is_identical_and_drafts_are_accepted(make_llm, tiny_model
     assert _released(on_llm)
 
 
+def test_verify_rows_stop_at_a_block_the_tree_already_holds(make_llm):
+    """In the second wave the tree holds every block of the first wave's answers: committing one
+    switches the sequence to the tree's copy (whose bits may differ, computed in other chunks),
+    so no verify step's rows run past the end of such a block; plain decoding reads the
+    tree's copy from the next position on, and so do the drafts' next rows."""
+    llm = make_llm(speculative="cache", max_num_seqs=2)
+    prompts = _prompts()
+    first = _run(llm, prompts, GREEDY)
+    verified: list[tuple[int, int]] = []  # (row of the last token, draft tokens)
+    runner = llm.engine.runner
+    execute = runner.execute
+
+    def observe(batch):
+        for b, draft in batch.drafts.items():
+            verified.append((batch.seqs[b].num_tokens - 1, len(draft)))
+        return execute(batch)
+
+    runner.execute = observe
+    assert _run(llm, prompts, GREEDY) == first
+    assert verified and _spec(llm).mean_accepted_length > 1
+    bs = llm.engine.config.block_size
+    assert all(last // bs == (last + k) // bs for last, k in verified), verified
+    assert _released(llm)
+
+
 def test_bfloat16_greedy_is_identical_with_shared_prefixes(make_llm, tiny_models):
     """bfloat16 rounds each kernel's sums its own way: verify rows attended like plain decode
     rows (the native decode kernel, in the same shared-prefix groups) keep near-ties as they are.

@@ -97,3 +97,22 @@ def test_lookahead_continues_into_the_cached_child_and_below():
     assert cache.lookahead(TENANT, None, run[:3], 4) == []
     cache.unlock(m.handle)
     cache.check_integrity()
+
+
+def test_the_tree_tells_whether_it_holds_the_next_block():
+    """A sequence whose committed blocks end at `handle` asks whether committing its current
+    block would switch it to the tree's copy (speculation cuts its drafts there)."""
+    cache = PrefixCache(32, BS)
+    run = list(range(100, 124))
+    _cached(cache, run)
+    m = cache.match(NS, run[:8])
+    cache.lock(m.handle)
+    assert cache.holds_next_block(NS, m.handle, run[8:12])
+    assert not cache.holds_next_block(NS, m.handle, [*run[8:11], 7])  # its last token differs
+    assert not cache.holds_next_block(NS, m.handle, run[12:16])  # a block further on
+    assert not cache.holds_next_block(NS, m.handle, run[8:11])  # not a whole block
+    assert not cache.holds_next_block(TENANT, m.handle, run[8:12])
+    assert cache.holds_next_block(NS, None, run[:4])
+    assert not cache.holds_next_block(TENANT, None, run[:4])
+    cache.unlock(m.handle)
+    cache.check_integrity()
