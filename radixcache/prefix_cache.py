@@ -155,8 +155,7 @@ class PrefixCache:
         node = self.tree.roots.get(ns) if handle is None else handle
         if node is None or node.ns != ns or len(block) != self.block_size:
             return False
-        toks = _as_tokens(block)
-        return (toks[0] if self.block_size == 1 else toks.tobytes()) in node.children
+        return self.tree.key_of(_as_tokens(block), 0) in node.children
 
     def is_cached(self, block_id: int) -> bool:
         """True when the tree owns `block_id` (it may also carry private references)."""

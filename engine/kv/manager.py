@@ -298,15 +298,15 @@ class KVCacheManager:
         attends the tree's: cut there, greedy output stays the same with and without drafts."""
         bs, last = self.block_size, seq.num_tokens - 1  # the row of seq's last token
         start = last // bs * bs
-        end = start + bs
-        if last + len(draft) < end or not self._shares(seq):
+        room = start + bs - 1 - last  # draft tokens whose rows stay in the block
+        if len(draft) <= room or not self._shares(seq):
             return len(draft)
         if seq.num_tree_blocks * bs != start:  # not committed up to its block: nothing switches
             return len(draft)
-        own = seq.token_ids[start : last + 1]
-        block = [*own, *draft[: end - last - 1]]
+        block = seq.token_ids[start : last + 1]
+        block.extend(draft[:room])
         if self.cache.holds_next_block(self._ns(seq), seq.handle, block):
-            return end - last - 1
+            return room
         return len(draft)
 
     def trim(self, seq: Sequence) -> None:
