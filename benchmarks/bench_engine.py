@@ -114,6 +114,7 @@ def make_engine(model: Path, dtype: str, caching: bool, deterministic: bool = Fa
     config = EngineConfig(
         deterministic=deterministic,
         model=str(model),
+        device=args.device,
         dtype=dtype,
         max_num_seqs=MAX_RUNNING,
         max_num_batched_tokens=args.batched_tokens,
@@ -457,7 +458,7 @@ def main() -> None:
 
     model = Path(args.model) if args.model else ensure_default_model()
     vocab = load_tokenizer(model).vocab_size
-    args.dtypes = [resolve_dtype(d, "cpu") for d in args.dtypes]
+    args.dtypes = [resolve_dtype(d, args.device) for d in args.dtypes]
     rows: list[dict] = []
     profiles: list[dict] = []
     cached_ttft: dict[str, list[dict]] = {}
@@ -524,6 +525,7 @@ if __name__ == "__main__":
     parser.add_argument("--modes", nargs="*", default=["on", "off"], choices=["on", "off"])
     parser.add_argument("--batched-tokens", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--device", default="cpu", help="torch device of our rows (cpu, cuda)")
     parser.add_argument("--model", default=None, help="HF folder (default: the default model)")
     parser.add_argument("--vllm-python", default=None, help="vLLM's interpreter: adds its rows")
     parser.add_argument("--profile", action="store_true", help="time breakdown per workload")

@@ -71,6 +71,7 @@ def bench_one(args: argparse.Namespace, name: str, batch: int, mode: str, tok: A
     llm = LLM(
         args.model,
         dtype=args.dtype,
+        device=args.device,
         max_num_seqs=batch,
         speculative=mode,
         num_speculative_tokens=args.num_speculative_tokens,
@@ -174,6 +175,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default=None, help="HF folder; omitted: the default model")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--modes", nargs="+", default=["off", "cache", "ngram"])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--workloads", nargs="+", default=list(NAMES), choices=NAMES)
@@ -231,7 +233,8 @@ def main() -> None:
                     print_table([row])
     print()
     print_table(rows)
-    path = write_results(args.out, rows, model=args.model_path, dtype=args.dtype)
+    dtype = resolve_dtype(args.dtype, args.device)
+    path = write_results(args.out, rows, model=args.model_path, dtype=dtype, device=args.device)
     print(f"wrote {path}")
 
 

@@ -25,6 +25,7 @@ def run_meta(**extra: object) -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **({"cuda_device": torch.cuda.get_device_name(0)} if torch.cuda.is_available() else {}),
         **extra,
     }
 

@@ -69,6 +69,11 @@ class EngineConfig:
         if self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory must be positive")
         SpecConfig(self.speculative, self.num_speculative_tokens)  # ValueError when invalid
+        if self.deterministic and self.device.startswith("cuda"):
+            raise ValueError(
+                "deterministic mode runs on CPU only: its batch-invariant kernels (the native "
+                "prefill attention, matmul calls of row-invariant sizes) have no CUDA version"
+            )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

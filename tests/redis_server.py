@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-import trustme
 
 from tests.ports import free_port
 
@@ -37,6 +36,8 @@ class TlsFiles:
 
 def make_tls_files(folder: Path) -> TlsFiles:
     """A fresh CA and a server certificate it signed, as PEM files in `folder`."""
+    import trustme  # only the TLS tests need it (and cryptography)
+
     folder.mkdir(parents=True, exist_ok=True)
     ca = trustme.CA()
     issued = ca.issue_cert("127.0.0.1", "localhost")

@@ -108,3 +108,11 @@ def test_deterministic_is_refused_where_the_prefill_kernel_is_missing(make_llm, 
 
     with pytest.raises(RuntimeError, match="deterministic mode needs the native prefill kernel"):
         make_attention_backend("cpu", None, None, 64, invariant=True)  # no dtype: no kernel
+
+
+def test_deterministic_is_refused_on_cuda():
+    """No CUDA kernel of the engine is batch-invariant: asking for it there fails at start."""
+    from engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match="deterministic mode runs on CPU only"):
+        EngineConfig(device="cuda", deterministic=True)

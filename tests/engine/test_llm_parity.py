@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -32,8 +34,12 @@ def hf_greedy(path, prompt: list[int], steps: int) -> tuple[list[int], list[torc
     return tokens, logprobs
 
 
-def _check(path, prompts: list[list[int]], steps: int, block_size: int, atol: float) -> None:
-    llm = LLM(str(path), dtype="float32", num_blocks=256, block_size=block_size)
+def check_parity(
+    path, prompts: list[list[int]], steps: int, block_size: int, atol: float, **engine: Any
+) -> None:
+    """Our greedy tokens equal transformers' (on CPU, float32); logprobs within atol.
+    engine: more engine settings (device="cuda")."""
+    llm = LLM(str(path), dtype="float32", num_blocks=256, block_size=block_size, **engine)
     params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True, logprobs=3)
     outs = llm.generate(prompts, params)
     for prompt, out in zip(prompts, outs, strict=True):
@@ -49,7 +55,7 @@ def _check(path, prompts: list[list[int]], steps: int, block_size: int, atol: fl
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_tiny_models_match_transformers(tiny_models, arch):
-    _check(tiny_models[arch], PROMPTS, steps=12, block_size=4, atol=1e-4)
+    check_parity(tiny_models[arch], PROMPTS, steps=12, block_size=4, atol=1e-4)
 
 
 @pytest.mark.slow
@@ -60,7 +66,7 @@ def test_default_model_matches_transformers(default_model_path):
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}]
     )
-    _check(default_model_path, [prompt], steps=8, block_size=16, atol=2e-3)
+    check_parity(default_model_path, [prompt], steps=8, block_size=16, atol=2e-3)
 
 
 def long_text(lines: int) -> str:

@@ -1,0 +1,158 @@
+"""The CUDA path on a real GPU: the compiled triton kernels against the dense reference (the
+interpreter tests' checks, unchanged), and the engine on CUDA against transformers, with the cache
+and speculation on and off.
+
+Marked `cuda` and left out of the default run (pyproject's addopts): on a machine with a GPU run
+`pytest -m cuda` (scripts/gpu_check.sh runs it with the benchmarks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from engine.attention import build_attention_metadata
+from engine.attention.metadata import AttentionMetadata
+from engine.kv.admin import CacheStatsOp
+from engine.llm import LLM
+from engine.sampling import SamplingParams
+
+from .test_attention_triton import CHECKS
+from .test_llm_parity import PROMPTS, check_parity
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+
+def _on_cuda(meta: AttentionMetadata) -> AttentionMetadata:
+    tensors = ("cu_seqlens_q", "seq_lens", "block_tables", "slot_mapping")
+    return dataclasses.replace(meta, **{f: getattr(meta, f).cuda() for f in tensors})
+
+
+class CompiledKernels:
+    """triton_kernels' two entry points taking the checks' CPU tensors: each call runs the
+    compiled kernel on copies on the GPU and writes its results back in place."""
+
+    def __init__(self) -> None:
+        from engine.attention import triton_kernels
+
+        self.kernels = triton_kernels
+
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        kc, vc = k_cache.cuda(), v_cache.cuda()
+        self.kernels.store_kv(k.cuda(), v.cuda(), kc, vc, slot_mapping.cuda())
+        k_cache.copy_(kc.cpu())
+        v_cache.copy_(vc.cpu())
+
+    def paged_attention(self, q, k_cache, v_cache, out, meta, scale, window=None) -> None:
+        o = torch.full_like(out, float("nan"), device="cuda")  # every row must be written
+        self.kernels.paged_attention(
+            q.cuda(), k_cache.cuda(), v_cache.cuda(), o, _on_cuda(meta), scale, window
+        )
+        out.copy_(o.cpu())
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_compiled_triton_kernel(name):
+    CHECKS[name](CompiledKernels())
+
+
+def test_store_kv_from_strided_views_on_the_gpu():
+    """k and v as the model hands them over on CUDA: column slices of the fused qkv output."""
+    from engine.attention import triton_kernels
+
+    qkv = torch.randn(5, 3 * 2 * 64, device="cuda")
+    k, v = qkv[:, 128:256].view(5, 2, 64), qkv[:, 256:].view(5, 2, 64)
+    k_cache, v_cache = (torch.zeros(4, 4, 2, 64, device="cuda") for _ in range(2))
+    slots = torch.tensor([15, 0, 7, 8, 3], device="cuda")
+    triton_kernels.store_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache.view(-1, 2, 64)[slots], k)
+    assert torch.equal(v_cache.view(-1, 2, 64)[slots], v)
+
+
+def test_bfloat16_attention_close_to_float32():
+    from engine.attention import triton_kernels
+
+    from .test_attention import dense_reference, make_batch
+
+    query_lens, prefix_lens = [1, 1, 70, 9], [300, 17, 0, 100]
+    q, k, v, k_cache, v_cache, tables, full_k, full_v = make_batch(
+        3, query_lens, prefix_lens, 16, 9, 3, 64
+    )
+    seq_lens = [a + b for a, b in zip(query_lens, prefix_lens, strict=True)]
+    meta = _on_cuda(build_attention_metadata(query_lens, seq_lens, tables, 16))
+    bf = [x.to("cuda", torch.bfloat16) for x in (q, k, v, k_cache, v_cache)]
+    triton_kernels.store_kv(*bf[1:], meta.slot_mapping)
+    out = torch.empty_like(bf[0])
+    triton_kernels.paged_attention(bf[0], bf[3], bf[4], out, meta, 64**-0.5)
+    ref = dense_reference(q, full_k, full_v, query_lens, 64**-0.5)
+    torch.testing.assert_close(out.float().cpu(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_tiny_models_on_cuda_match_transformers(tiny_models, arch):
+    check_parity(tiny_models[arch], PROMPTS, steps=12, block_size=4, atol=1e-4, device="cuda")
+
+
+@pytest.mark.parametrize("arch", ["mistral-swa", "qwen2-swa"])
+def test_windowed_models_on_cuda_match_transformers(windowed_models, arch):
+    prompts = [[(7 * i + 3) % 250 for i in range(n)] for n in (5, 23, 40)]
+    check_parity(windowed_models[arch], prompts, steps=12, block_size=4, atol=1e-4, device="cuda")
+
+
+def test_default_model_on_cuda_matches_transformers(default_model_path):
+    from engine.loader import load_tokenizer
+
+    tok = load_tokenizer(default_model_path)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}]
+    )
+    check_parity(default_model_path, [prompt], steps=8, block_size=16, atol=2e-3, device="cuda")
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    head = [rng.randrange(3, 250) for _ in range(12)]
+    return [head + [rng.randrange(3, 250) for _ in range(rng.randrange(5, 40))] for _ in range(n)]
+
+
+def _outputs(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    return [r.outputs[0].token_ids for r in llm.generate(prompts, GREEDY)]
+
+
+def _released(llm: LLM) -> bool:
+    cache = llm.engine.prefix_cache
+    cache.check_integrity()
+    return cache.num_free_blocks() + cache.num_evictable_blocks() == cache.num_blocks
+
+
+def test_cache_on_and_off_identical_on_cuda(make_llm):
+    prompts = _prompts(6)
+    off = _outputs(make_llm(device="cuda", enable_prefix_caching=False), prompts)
+    llm = make_llm(device="cuda")
+    assert _outputs(llm, prompts) == off
+    assert _outputs(llm, prompts) == off  # every prompt now a device-tree hit
+    assert llm.engine.admin(CacheStatsOp()).total().hit_tokens >= sum(map(len, prompts)) // 2
+    assert _released(llm)
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 8])
+def test_greedy_repeat_is_identical_with_speculation_on_cuda(make_llm, max_num_seqs):
+    """float32: a second wave of the same prompts drafts the first wave's answers from the
+    tree; the tokens equal speculation off's, and the drafts are really accepted."""
+    prompts = _prompts(8)
+    settings = {"device": "cuda", "max_num_seqs": max_num_seqs}
+    off_llm = make_llm(speculative="off", **settings)
+    off = _outputs(off_llm, prompts) + _outputs(off_llm, prompts)
+    llm = make_llm(speculative="cache", **settings)
+    assert _outputs(llm, prompts) + _outputs(llm, prompts) == off
+    spec = llm.engine.stats.spec
+    assert spec.num_accepted_tokens > 0.5 * spec.num_draft_tokens > 0
+    assert _released(llm)
