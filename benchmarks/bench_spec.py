@@ -11,15 +11,20 @@ to its slowest sequence); REPEAT's first wave is not timed. Greedy; outputs are 
 
     python -m benchmarks.bench_spec [--modes off cache ngram] [--batches 1 8] [--prompts 8]
         [--prompts-per-slot 3] [--max-tokens 128] [--repeats 1] [--threads 2] [--deterministic]
-        [--vllm /work/venvs/vllm/bin/python]
+        [--device cpu] [--vllm /work/venvs/vllm/bin/python]
     python -m benchmarks.bench_spec --quick      # a small smoke run
 
+A mode may end in "-reversed" (off-reversed, cache-reversed): each wave's prompts are submitted in
+reverse order, so the batches hold other neighbours; "off-reversed" shows how many greedy outputs
+move with batch composition alone, speculation off (none where the kernels are batch-invariant).
+
 Per row (with --repeats N, the modes run N times in turn and a row is the run of median speed):
-seconds of the timed waves, output tokens, tokens/s, speedup over "off", whether every output
-equals off's (verify rows are attended as the decode steps at their positions, a lone row of a
+seconds of the timed waves, output tokens, tokens/s, speedup over "off", how many outputs differ
+from off's (verify rows are attended as the decode steps at their positions, a lone row of a
 matmul is summed as in a call of several, and shared prefixes are attended in parts at fixed
-positions, so greedy output does not depend on how speculation batches rows; bit-exact logprobs
-under --deterministic), acceptance rate, mean accepted length, mean verify-step and
+positions, so greedy output does not depend on how speculation batches rows where a row's matmul
+bits do not depend on its call's other rows; bit-exact logprobs under --deterministic),
+acceptance rate, mean accepted length, mean verify-step and
 plain-decode-step time (decode-only steps). --vllm runs vLLM's CPU build on the same token ids
 (its ngram speculation and none) in its own interpreter (benchmarks/vllm_spec_runner.py). Writes
 benchmarks/results/spec.json.
@@ -44,15 +49,21 @@ from engine.llm import LLM
 from engine.sampling import SamplingParams
 
 VLLM_RUNNER = Path(__file__).parent / "vllm_spec_runner.py"
+# a mode's suffix: the same engine, each wave's prompts submitted in reverse order ("off-reversed":
+# how far greedy outputs move with batch composition alone, speculation off)
+REVERSED = "-reversed"
 
 
-def run_waves(llm: LLM, w: Workload) -> tuple[float, int, list[list[int]]]:
-    """(timed seconds, timed output tokens, every timed output) of the workload's waves."""
+def run_waves(llm: LLM, w: Workload, reverse: bool = False) -> tuple[float, int, list[list[int]]]:
+    """(timed seconds, timed output tokens, every timed output) of the workload's waves;
+    reverse: each wave's prompts submitted in reverse order (outputs in the workload's order)."""
     params = SamplingParams(temperature=0, max_tokens=w.max_tokens, ignore_eos=w.ignore_eos)
     prompts, seconds, tokens, outputs = w.waves[0], 0.0, 0, []
     for i in range(w.num_waves):
         t0 = time.perf_counter()
-        answers = [r.outputs[0].token_ids for r in llm.generate(prompts, params)]
+        order = prompts[::-1] if reverse else prompts
+        answers = [r.outputs[0].token_ids for r in llm.generate(order, params)]
+        answers = answers[::-1] if reverse else answers
         if i >= w.untimed_waves:
             seconds += time.perf_counter() - t0
             tokens += sum(map(len, answers))
@@ -73,13 +84,13 @@ def bench_one(args: argparse.Namespace, name: str, batch: int, mode: str, tok: A
         dtype=args.dtype,
         device=args.device,
         max_num_seqs=batch,
-        speculative=mode,
+        speculative=mode.removesuffix(REVERSED),
         num_speculative_tokens=args.num_speculative_tokens,
         deterministic=args.deterministic,
         num_threads=args.threads,
     )
     w = build(name, tok, vocab, num_prompts(args, batch), args.max_tokens, args.gsp_groups)
-    seconds, tokens, outputs = run_waves(llm, w)
+    seconds, tokens, outputs = run_waves(llm, w, mode.endswith(REVERSED))
     llm.engine.prefix_cache.check_integrity()
     spec = llm.engine.stats.spec
     llm.engine.close()
@@ -110,6 +121,7 @@ def median_run(runs: list[dict]) -> dict:
     ordered = sorted(runs, key=lambda r: r["tokens_per_s"])
     row = dict(ordered[(len(ordered) - 1) // 2])
     row["identical"] = all(r["identical"] for r in runs)
+    row["differing"] = max(r["differing"] for r in runs)
     row["runs_tokens_per_s"] = [r["tokens_per_s"] for r in runs]
     return row
 
@@ -156,16 +168,16 @@ def bench_vllm(args: argparse.Namespace, name: str, batch: int, tok: Any, vocab:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = f"{'workload':<10} {'batch':>5} {'mode':<12} {'tok/s':>8} {'x off':>6} {'same':>5}"
+    head = f"{'workload':<10} {'batch':>5} {'mode':<12} {'tok/s':>8} {'x off':>6} {'differ':>6}"
     print(head + f" {'accept':>7} {'mean len':>8} {'verify ms':>9} {'plain ms':>8}")
     for r in rows:
         if "error" in r:
             print(f"{r['workload']:<10} {r['batch']:>5} {r['mode']:<12} error: {r['error'][-200:]}")
             continue
-        same = {True: "yes", False: "NO", None: "-"}[r.get("identical")]
+        same = f"{r['differing']}/{r['outputs']}" if "differing" in r else "-"
         print(
             f"{r['workload']:<10} {r['batch']:>5} {r['mode']:<12} {r['tokens_per_s']:>8.1f} "
-            f"{r.get('speedup', 0):>6.2f} {same:>5} {r.get('acceptance_rate', 0):>7.3f} "
+            f"{r.get('speedup', 0):>6.2f} {same:>6} {r.get('acceptance_rate', 0):>7.3f} "
             f"{r.get('mean_accepted_length', 0):>8.2f} {r.get('verify_step_ms') or 0:>9.2f} "
             f"{r.get('plain_step_ms') or 0:>8.2f}"
         )
@@ -215,6 +227,8 @@ def main() -> None:
                     if base_out is None:
                         base_out = outputs  # "off" runs first
                     row["identical"] = outputs == base_out
+                    row["differing"] = sum(a != b for a, b in zip(outputs, base_out, strict=True))
+                    row["outputs"] = len(outputs)
                     runs[mode].append(row)
             for mode in args.modes:
                 row = median_run(runs[mode])

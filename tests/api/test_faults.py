@@ -111,6 +111,10 @@ def run_fault(
     return reports
 
 
+def disk_hits(reports: dict[str, PhaseReport], *phases: str) -> int:
+    return sum(reports[p].hit_tokens_by_tier.get("disk", 0) for p in phases)
+
+
 def test_redis_sigkill_and_back(make_llm, tiny_llama: Path, tmp_path: Path, redis_server) -> None:
     with fault_server(tiny_llama, tmp_path, redis_server) as (server, kv):
         bounce = RedisBounce(redis_server, server.url, tiny_llama.name)
@@ -130,7 +134,8 @@ def test_disk_full_past_budget(make_llm, tiny_llama: Path, tmp_path: Path) -> No
         # the tier kept storing blocks while the filesystem was full (dropping its oldest)
         stored_while_full = fill.files_at_recovery - fill.files_when_filled
         assert len(stored_while_full) >= 8
-        assert reports["after"].hit_tokens_by_tier["disk"] > 0
+        # and served hits again (the after phase alone may find every block in device or host)
+        assert disk_hits(reports, "during", "after") > 0
 
 
 def test_disk_files_corrupted_while_read(make_llm, tiny_llama: Path, tmp_path: Path) -> None:
@@ -139,7 +144,8 @@ def test_disk_files_corrupted_while_read(make_llm, tiny_llama: Path, tmp_path: P
         reports = run_fault(make_llm, server, kv, corrupter)
         # damaged files were read (and dropped, the request recomputed): answers stayed right
         assert corrupter.corrupted and corrupter.discarded() > 0
-        assert reports["during"].hit_tokens_by_tier["disk"] > 0
+        # and the spared ones hit (during alone, every disk read can land on a damaged file)
+        assert disk_hits(reports, "during", "after") > 0
 
 
 @pytest.mark.slow
@@ -147,6 +153,8 @@ def test_server_sigkill_and_restart(make_llm, tiny_llama: Path, tmp_path: Path) 
     with fault_server(tiny_llama, tmp_path, None) as (server, kv):
         reports = run_fault(make_llm, server, kv, ServerRestart(server), restarting=True)
         assert server.starts == 2 and reports["during"].aborted > 0
-        # the new process found the blocks the old one left on disk, and no half-written file
-        assert reports["after"].hit_tokens_by_tier["disk"] > 0
+        # the new process found the blocks the old one left on disk (the during phase counts the
+        # new process's hits since its start: right after it the host tier is empty), and no
+        # half-written file
+        assert disk_hits(reports, "during", "after") > 0
         assert not list(kv.rglob("*.tmp"))
