@@ -16,9 +16,10 @@ import torch
 
 from engine.attention import build_attention_metadata
 from engine.attention.metadata import AttentionMetadata
-from engine.kv.admin import CacheStatsOp
+from engine.kv.admin import CacheStatsOp, Flush
 from engine.llm import LLM
 from engine.sampling import SamplingParams
+from tests.tiny_models import GEMMA_CONFIGS, TINY_VOCAB, make_tiny_gemma
 
 from .test_attention_triton import CHECKS
 from .test_llm_parity import PROMPTS, check_parity
@@ -115,6 +116,48 @@ def test_default_model_on_cuda_matches_transformers(default_model_path):
         [{"role": "user", "content": "What is the capital of France?"}]
     )
     check_parity(default_model_path, [prompt], steps=8, block_size=16, atol=2e-3, device="cuda")
+
+
+@pytest.mark.parametrize("name", sorted(GEMMA_CONFIGS))
+def test_tiny_gemma_on_cuda_matches_transformers(tmp_path, name):
+    """Sliding and full layers, a local rope, qk-norm, head dims 32 and 256, softcapping."""
+    hf, path = make_tiny_gemma(tmp_path, name)
+    window = GEMMA_CONFIGS[name]["sliding_window"]
+    prompt = torch.randint(0, TINY_VOCAB, (3 * window,), generator=torch.Generator().manual_seed(2))
+    steps = window + 2
+    ref = hf.generate(prompt[None], max_new_tokens=steps, do_sample=False, eos_token_id=None)
+    llm = LLM(
+        str(path),
+        dtype="float32",
+        device="cuda",
+        num_blocks=64,
+        block_size=4,
+        max_num_batched_tokens=20,
+    )
+    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
+    out = llm.generate([prompt.tolist()], params)[0].outputs[0]
+    assert out.token_ids == ref[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("tier", ["host", "disk"])
+def test_spill_tiers_on_cuda_load_back_the_same_outputs(make_llm, tmp_path, tier):
+    """Blocks evicted from the GPU pool go to a tier and come back into it: the second pass over
+    the same prompts hits the tier and answers as the cache-off engine does."""
+    from storage.config import TierConfig
+
+    prompts = _prompts(10, seed=4)
+    want = _outputs(make_llm(device="cuda", enable_prefix_caching=False), prompts)
+    config = {
+        "host": TierConfig(host_bytes=1 << 26),
+        "disk": TierConfig(disk_path=str(tmp_path / "kv"), disk_bytes=1 << 28),
+    }[tier]
+    llm = make_llm(device="cuda", num_blocks=48, tiers=config)
+    assert _outputs(llm, prompts) == want  # spilling as it goes
+    llm.engine.admin(Flush())
+    assert llm.engine.tiers.store.wait_idle(30)
+    assert _outputs(llm, prompts) == want  # the prefixes come back from the tier
+    assert llm.engine.tiers.store.stats().tiers[tier].stats.hits > 0
+    assert _released(llm)
 
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
