@@ -37,7 +37,7 @@ def hf_greedy(path, prompt: list[int], steps: int) -> tuple[list[int], list[torc
 def check_parity(
     path, prompts: list[list[int]], steps: int, block_size: int, atol: float, **engine: Any
 ) -> None:
-    """Our greedy tokens equal transformers' (on CPU, float32); logprobs within atol.
+    """Our greedy tokens equal transformers' (its float32 model on CPU); logprobs within atol.
     engine: more engine settings (device="cuda")."""
     llm = LLM(str(path), dtype="float32", num_blocks=256, block_size=block_size, **engine)
     params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True, logprobs=3)
