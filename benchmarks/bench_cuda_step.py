@@ -1,0 +1,131 @@
+"""Where a decode step's time goes on a CUDA GPU: its wall time against the time the GPU spends
+in kernels, and how many kernels it launches (torch.profiler). A step whose GPU is busy for a
+small share of its wall time is bound by the host (Python, launches), not by the GPU. The busy
+share is read in the profiled steps (the profiler slows the host and adds to each kernel).
+
+    python -m benchmarks.bench_cuda_step [--model FOLDER] [--batches 1 8 32] [--steps 32]
+
+Prompts of 128 random tokens, greedy; the timed steps are decode-only. Writes
+benchmarks/results/cuda_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.results_io import write_results
+from engine.config import EngineConfig
+from engine.dtypes import resolve_dtype
+from engine.llm_engine import LLMEngine
+from engine.request import Prompt
+from engine.sampling import SamplingParams
+
+PROMPT_TOKENS = 128
+
+
+def start_decoding(engine: LLMEngine, batch: int, steps: int, vocab: int) -> list[str]:
+    """Admits `batch` prompts and steps until every one is decoding; their request ids."""
+    rng = random.Random(batch)
+    params = SamplingParams(temperature=0, max_tokens=4 * steps + 16, ignore_eos=True)
+    ids = [f"b{batch}-{i}" for i in range(batch)]
+    for request_id in ids:
+        tokens = [rng.randrange(100, vocab - 100) for _ in range(PROMPT_TOKENS)]
+        engine.add_request(request_id, Prompt(tokens), params)
+    while True:
+        engine.step()
+        if engine.stats.recent[-1].num_prefill_tokens == 0:
+            return ids
+
+
+def kernels(prof: profile) -> tuple[int, float]:
+    """(kernels launched, seconds the GPU spent in them) of a profiled run."""
+    count, busy_us = 0, 0.0
+    events = prof.events()
+    for event in events:
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            count += 1
+            busy_us += getattr(event, "device_time_total", 0.0)
+    if count == 0:  # profilers that attach kernels to the ops that launched them
+        launched = [k for event in events for k in getattr(event, "kernels", ())]
+        count, busy_us = len(launched), sum(k.duration for k in launched)
+    return count, busy_us / 1e6
+
+
+def bench_batch(engine: LLMEngine, batch: int, steps: int, vocab: int) -> dict:
+    ids = start_decoding(engine, batch, steps, vocab)
+    walls = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        engine.step()
+        walls.append(time.perf_counter() - t0)
+    forwards = [s.forward_time for s in list(engine.stats.recent)[-steps:]]
+    cuda = engine.config.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        if cuda:
+            torch.cuda.synchronize()
+        profiled = (time.perf_counter() - t0) / steps  # the profiler slows the host down
+    launched, busy = kernels(prof)
+    for request_id in ids:
+        engine.abort(request_id)
+    step = statistics.median(walls)
+    return {
+        "batch": batch,
+        "step_ms": 1000 * step,
+        "forward_ms": 1000 * statistics.median(forwards),
+        "profiled_step_ms": 1000 * profiled,
+        "gpu_busy_ms": 1000 * busy / steps,
+        "gpu_busy_share": busy / steps / profiled,
+        "kernels_per_step": launched / steps,
+        "tokens_per_s": batch / step,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default=None, help="HF folder; omitted: the default model")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run (no kernels counted)")
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--out", default="cuda_step")
+    args = p.parse_args()
+    from engine.loader import ensure_default_model, load_tokenizer
+
+    model = Path(args.model) if args.model else ensure_default_model()
+    vocab = load_tokenizer(model).vocab_size
+    config = EngineConfig(
+        model=str(model),
+        dtype=args.dtype,
+        device=args.device,
+        max_num_seqs=max(args.batches),
+        speculative="off",
+    )
+    engine = LLMEngine(config)
+    rows = [bench_batch(engine, b, args.steps, vocab) for b in args.batches]
+    engine.close()
+    print(f"{'batch':>5} {'step ms':>8} {'forward ms':>10} {'GPU busy ms':>11} {'busy':>5}", end="")
+    print(f" {'kernels':>8} {'tok/s':>8}")
+    for r in rows:
+        print(
+            f"{r['batch']:>5} {r['step_ms']:>8.2f} {r['forward_ms']:>10.2f} "
+            f"{r['gpu_busy_ms']:>11.2f} {r['gpu_busy_share']:>5.0%} "
+            f"{r['kernels_per_step']:>8.0f} {r['tokens_per_s']:>8.0f}"
+        )
+    dtype = resolve_dtype(args.dtype, args.device)
+    path = write_results(args.out, rows, model=str(model), dtype=dtype, device=args.device)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
