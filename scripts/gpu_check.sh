@@ -4,8 +4,8 @@
 #   bash scripts/gpu_check.sh OUT_DIR
 # 1. pytest -m cuda: the compiled triton kernels against the dense reference, the engine on CUDA
 #    against transformers, the cache and speculation on and off (tests/engine/test_cuda.py);
-# 2. bench_spec and bench_engine with --device cuda (the default model must be in the cache
-#    folder already, or reachable: `radixcache pull`).
+# 2. bench_spec and bench_engine with --device cuda, and bench_cuda_step (the default model must
+#    be in the cache folder already, or reachable: `radixcache pull`).
 # Each stage has a time bound and its own log; the JSON results are copied into OUT_DIR.
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR}
@@ -33,5 +33,8 @@ stage bench_spec "${SPEC_S:-240}" $py -m benchmarks.bench_spec --device cuda \
     --out spec_cuda
 stage bench_engine "${ENGINE_S:-150}" $py -m benchmarks.bench_engine --device cuda \
     --workloads gsp mt --out engine_cuda
-cp benchmarks/results/spec_cuda.json benchmarks/results/engine_cuda.json "$out"/ 2>/dev/null
+stage bench_cuda_step "${STEP_S:-120}" $py -m benchmarks.bench_cuda_step --out cuda_step
+for name in spec_cuda engine_cuda cuda_step; do
+    cp "benchmarks/results/$name.json" "$out"/ 2>/dev/null
+done
 exit 0
