@@ -139,27 +139,6 @@ def test_tiny_gemma_on_cuda_matches_transformers(tmp_path, name):
     assert out.token_ids == ref[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("tier", ["host", "disk"])
-def test_spill_tiers_on_cuda_load_back_the_same_outputs(make_llm, tmp_path, tier):
-    """Blocks evicted from the GPU pool go to a tier and come back into it: the second pass over
-    the same prompts hits the tier and answers as the cache-off engine does."""
-    from storage.config import TierConfig
-
-    prompts = _prompts(10, seed=4)
-    want = _outputs(make_llm(device="cuda", enable_prefix_caching=False), prompts)
-    config = {
-        "host": TierConfig(host_bytes=1 << 26),
-        "disk": TierConfig(disk_path=str(tmp_path / "kv"), disk_bytes=1 << 28),
-    }[tier]
-    llm = make_llm(device="cuda", num_blocks=48, tiers=config)
-    assert _outputs(llm, prompts) == want  # spilling as it goes
-    llm.engine.admin(Flush())
-    assert llm.engine.tiers.store.wait_idle(30)
-    assert _outputs(llm, prompts) == want  # the prefixes come back from the tier
-    assert llm.engine.tiers.store.stats().tiers[tier].stats.hits > 0
-    assert _released(llm)
-
-
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     head = [rng.randrange(3, 250) for _ in range(12)]
@@ -198,4 +177,25 @@ def test_greedy_repeat_is_identical_with_speculation_on_cuda(make_llm, max_num_s
     assert _outputs(llm, prompts) + _outputs(llm, prompts) == off
     spec = llm.engine.stats.spec
     assert spec.num_accepted_tokens > 0.5 * spec.num_draft_tokens > 0
+    assert _released(llm)
+
+
+@pytest.mark.parametrize("tier", ["host", "disk"])
+def test_spill_tiers_on_cuda_load_back_the_same_outputs(make_llm, tmp_path, tier):
+    """Blocks evicted from the GPU pool go to a tier and come back into it: the second pass over
+    the same prompts hits the tier and answers as the cache-off engine does."""
+    from storage.config import TierConfig
+
+    prompts = _prompts(10, seed=4)
+    want = _outputs(make_llm(device="cuda", enable_prefix_caching=False), prompts)
+    config = {
+        "host": TierConfig(host_bytes=1 << 26),
+        "disk": TierConfig(disk_path=str(tmp_path / "kv"), disk_bytes=1 << 28),
+    }[tier]
+    llm = make_llm(device="cuda", num_blocks=48, tiers=config)
+    assert _outputs(llm, prompts) == want  # spilling as it goes
+    llm.engine.admin(Flush())
+    assert llm.engine.tiers.store.wait_idle(30)
+    assert _outputs(llm, prompts) == want  # the prefixes come back from the tier
+    assert llm.engine.tiers.store.stats().tiers[tier].stats.hits > 0
     assert _released(llm)
