@@ -66,8 +66,10 @@ def make_attention_backend(
     or AVX2, float32 with AVX2) and, with prefill None, where it beats torch's
     (native_prefill_pays); prefill True: wherever it exists, False: never. invariant: every token
     through the prefill kernel, so outputs do not depend on batching, chunking or cache hits
-    (EngineConfig.deterministic); an error where that kernel is missing."""
+    (EngineConfig.deterministic); an error where that kernel is missing, and on CUDA."""
     if torch.device(device).type == "cuda":
+        if invariant:
+            raise RuntimeError("deterministic mode has no batch-invariant CUDA kernels")
         from engine.attention.triton_backend import TritonAttention
 
         return TritonAttention()
