@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.dtypes import AUTO, DTYPES
-from engine.spec.config import DEFAULT_MODE, DEFAULT_NUM_TOKENS, SpecConfig
+from engine.spec.config import DEFAULT_MODE, DEFAULT_NUM_TOKENS, DEFAULT_STEP_COST, SpecConfig
 from radixcache.policy import POLICIES
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ class EngineConfig:
     # speculative decoding (engine/spec): draft sources and the most draft tokens per step
     speculative: str = DEFAULT_MODE
     num_speculative_tokens: int = DEFAULT_NUM_TOKENS
+    speculative_step_cost: str = DEFAULT_STEP_COST  # engine/spec/config.py STEP_COST_MODELS
 
     def __post_init__(self) -> None:
         if self.dtype != AUTO and self.dtype not in DTYPES:
@@ -68,12 +69,18 @@ class EngineConfig:
             raise ValueError("num_window_blocks must be positive")
         if self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory must be positive")
-        SpecConfig(self.speculative, self.num_speculative_tokens)  # ValueError when invalid
+        _ = self.spec  # ValueError when invalid
         if self.deterministic and self.device.startswith("cuda"):
             raise ValueError(
                 "deterministic mode runs on CPU only: its batch-invariant kernels (the native "
                 "prefill attention, matmul calls of row-invariant sizes) have no CUDA version"
             )
+
+    @property
+    def spec(self) -> SpecConfig:
+        return SpecConfig(
+            self.speculative, self.num_speculative_tokens, step_cost=self.speculative_step_cost
+        )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

@@ -13,8 +13,14 @@ from engine.llm import LLM
 from tests.redis_server import RedisServer
 from tests.tiny_models import make_tiny_model
 
-# what the engine tests run with unless a test says otherwise: exact (float32) and small
-TINY_ENGINE: dict[str, Any] = {"dtype": "float32", "block_size": 4, "seed": 0}
+# what the engine tests run with unless a test says otherwise: exact (float32), small, and
+# drafting the same way however loaded the machine is (a prior step cost, not a measured one)
+TINY_ENGINE: dict[str, Any] = {
+    "dtype": "float32",
+    "block_size": 4,
+    "seed": 0,
+    "speculative_step_cost": "prior",
+}
 
 
 @pytest.fixture(scope="session")

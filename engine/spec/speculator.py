@@ -73,7 +73,7 @@ class Speculator:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.stats = stats
-        self.cost = StepCost()
+        self.cost = StepCost.prior() if config.step_cost == "prior" else StepCost()
         self.rates: dict[str, SourceRates] = {}  # source -> its engine-wide acceptance
 
     def draft(self, batch: ScheduledBatch) -> None:
@@ -212,7 +212,7 @@ def build_speculator(
     config: EngineConfig, parts: EngineParts, stats: SpecStats
 ) -> Speculator | None:
     """The engine's speculator per its config; None with speculation off."""
-    spec = SpecConfig(config.speculative, config.num_speculative_tokens)
+    spec = config.spec
     if not spec.enabled:
         return None
     cache = spec.mode == "cache"

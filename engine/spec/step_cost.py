@@ -6,6 +6,7 @@ line predicts (a GC pause, a noisy neighbour) counts as at most `clip` times the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -20,6 +21,13 @@ class StepCost:
     _y: float = 0.0
     _xx: float = 0.0
     _xy: float = 0.0
+
+    @classmethod
+    def prior(cls) -> StepCost:
+        """A line whose row share never leaves the prior: the fit is never trusted, and what
+        `line()` returns then scales with the mean step time, so the threshold a draft row must
+        beat (a row's cost over a token's worth) does not depend on the machine's speed."""
+        return cls(min_weight=math.inf)
 
     def record(self, rows: int, seconds: float) -> None:
         if self._w >= self.min_weight:

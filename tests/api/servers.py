@@ -61,6 +61,7 @@ ENGINE_SETTINGS: dict[str, Any] = dict(
     max_model_len=MAX_MODEL_LEN,
     max_num_seqs=8,
     max_num_batched_tokens=1024,
+    speculative_step_cost="prior",  # drafts the same way however loaded the machine is
 )
 
 
