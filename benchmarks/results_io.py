@@ -11,13 +11,30 @@ from pathlib import Path
 
 import torch
 
+from engine.dtypes import cpu_flags
+
 RESULTS = Path(__file__).parent / "results"
 
 
+def cpu_kind() -> str:
+    """The CPU model and the vector features that decide our kernels (AMX, AVX512-BF16, AVX2)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    features = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in cpu_flags()]
+    return f"{model} ({', '.join(features) or 'no AVX2'})"
+
+
 def run_meta(**extra: object) -> dict:
-    """The command, threads and machine load of this run (the CPUs may be shared)."""
+    """The command, threads, CPU and machine load of this run (the CPUs may be shared)."""
     return {
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "cpu": cpu_kind(),
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
