@@ -14,7 +14,7 @@ total time, TTFT mean/p50/p99 (client side, streaming), hit rate (reported cache
 from `usage`) and the router's own time per request (tokenizing + choosing, from
 /v1/router/stats); then the router's time for a 4,096-token chat prompt seen before, as a
 conversation's next turn (its last answer and new message unseen) and fully new, measured on the
-router's parts in this process. Prints a table and writes benchmarks/results/router*.json.
+router's parts in this process. Prints a table and writes benchmarks/results/router.json.
 
     python -m benchmarks.bench_router                           # the issue's shape
     python -m benchmarks.bench_router --workload long-history   # history-heavy chats
@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import random
 import subprocess
 import sys
@@ -41,13 +38,10 @@ import httpx
 import numpy as np
 
 from benchmarks.processes import free_port, spawn, sse_chunks, stop, wait_healthy
+from benchmarks.results_io import write_results
 from benchmarks.router_workload import SHAPES, Shape, build_workload, random_text, reuse_bounds
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = {
-    "issue": ROOT / "benchmarks" / "results" / "router.json",
-    "long-history": ROOT / "benchmarks" / "results" / "router_long_history.json",
-}
 MODEL_DIR = Path.home() / ".cache" / "radixcache" / "models" / "SmolLM2-135M-Instruct"
 
 
@@ -307,21 +301,17 @@ def main() -> None:
             stop(proc)
     extra = overhead_4096(args.model)
     print_overhead(extra)
-    results = RESULTS[args.workload]
-    if args.quick:  # never over the full run's figures
-        results = results.with_name(f"{results.stem}_quick.json")
-    results.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "workload": args.workload,
-        "quick": args.quick,
-        "shape": vars(shape),
-        "bounds": bounds,
-        "kv_memory": args.kv_memory,
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-    }
-    body = {"meta": meta, "rows": rows, "overhead_4096": extra}
-    results.write_text(json.dumps(body, indent=2))
+    name = "router_quick" if args.quick else "router"  # never over the full run's figures
+    results = write_results(
+        name,
+        rows,
+        workload=args.workload,
+        quick=args.quick,
+        shape=vars(shape),
+        bounds=bounds,
+        kv_memory=args.kv_memory,
+        overhead_4096=extra,
+    )
     print(f"wrote {results}")
 
 
