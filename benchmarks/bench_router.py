@@ -41,7 +41,6 @@ from benchmarks.processes import free_port, spawn, sse_chunks, stop, wait_health
 from benchmarks.results_io import write_results
 from benchmarks.router_workload import SHAPES, Shape, build_workload, random_text, reuse_bounds
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = Path.home() / ".cache" / "radixcache" / "models" / "SmolLM2-135M-Instruct"
 
 
