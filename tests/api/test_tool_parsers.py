@@ -9,9 +9,9 @@ import json
 import pytest
 
 from api.chat_template import ChatTemplates, TemplateError
-from api.protocol import ChatCompletionRequest
-from api.tool_parsers import PARSERS, ParsedCall, format_of_template
-from api.tool_stream import ToolStream, split_whole
+from api.openai.protocol import ChatCompletionRequest
+from api.openai.tool_parsers import PARSERS, ParsedCall, format_of_template
+from api.openai.tool_stream import ToolStream, split_whole
 from radixcache.chat_template import ChatPrompt, hermes_template
 from tests.api.tool_cases import WEATHER_TOOLS
 

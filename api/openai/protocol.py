@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from api.protocol_tools import (
+from api.openai.protocol_tools import (
     DeltaToolCall,
     MessageToolCall,
     ResponseFormat,

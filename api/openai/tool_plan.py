@@ -10,9 +10,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.errors import ApiError
-from api.protocol import ChatCompletionRequest, CompletionRequest
-from api.protocol_tools import JsonObjectFormat, JsonSchemaFormat, NamedToolChoice
-from api.tool_parsers import PARSERS, HermesParser, Llama3JsonParser, MistralParser, ToolParser
+from api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from api.openai.protocol_tools import JsonObjectFormat, JsonSchemaFormat, NamedToolChoice
+from api.openai.tool_parsers import (
+    PARSERS,
+    HermesParser,
+    Llama3JsonParser,
+    MistralParser,
+    ToolParser,
+)
 from engine.structured.constraints import (
     Choice,
     Constraint,

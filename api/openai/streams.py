@@ -11,16 +11,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from api.errors import ApiError, error_json
-from api.generation import Timing, run_jobs
-from api.protocol import (
-    ChatChunkChoice,
-    ChatCompletionChunk,
-    CompletionChoice,
-    CompletionResponse,
-    Delta,
-    dump,
-)
-from api.responses import (
+from api.openai.logprobs import (
     chat_logprobs,
     completion_logprobs,
     finish_reason,
@@ -28,11 +19,20 @@ from api.responses import (
     sse,
     usage_of,
 )
-from api.tool_stream import ToolStream
+from api.openai.protocol import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    CompletionChoice,
+    CompletionResponse,
+    Delta,
+    dump,
+)
+from api.openai.tool_stream import ToolStream
+from api.serving.job_streams import Timing, run_jobs
 from engine.outputs import CompletionDelta, RequestOutput, RequestResult
 
 if TYPE_CHECKING:
-    from api.structured import ToolPlan
+    from api.openai.tool_plan import ToolPlan
     from engine.async_engine import RequestStream
 
 

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from api.auth import Caller
-from api.engine_stats import CacheCounters, EngineCounters, NamespaceCounters
+from api.observability.engine_stats import CacheCounters, EngineCounters, NamespaceCounters
 from engine.spec.stats import SpecStats
 from radixcache.stats import CacheStats
 from radixcache.tier_names import TierName

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from api.errors import ApiError
-from api.protocol import (
+from api.openai.protocol import (
     ChatLogprobs,
     CompletionLogprobs,
     PromptTokensDetails,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 
 from api.errors import ApiError
-from api.metrics import ApiMetrics
+from api.observability.metrics import ApiMetrics
 from engine.outputs import RequestOutput, RequestResult
 
 if TYPE_CHECKING:

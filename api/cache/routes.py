@@ -11,12 +11,12 @@ from fastapi import APIRouter, Query, Request
 from pydantic import Field
 
 from api.auth import Caller, identify, require_admin
-from api.cache_report import cache_report
+from api.cache.report import cache_report
 from api.chat_template import TemplateError
 from api.errors import ApiError, parse_body
-from api.protocol import LookupRequest, _Request
+from api.openai.protocol import LookupRequest, _Request
+from api.serving.input_checks import check_model, encode_prompt
 from api.state import ServerState, state_of
-from api.validation import check_model, encode_prompt
 from engine.kv.admin import Flush, HottestPrefixes, Lookup, Pin, Unpin
 from radixcache.stats import PrefixInfo
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.errors import ApiError
-from api.protocol import ChatCompletionRequest, CompletionRequest
+from api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from engine.sampling import SamplingParams
 from engine.structured.constraints import Constraint, ConstraintError
 

@@ -16,8 +16,14 @@ if TYPE_CHECKING:
 from api.auth import identify
 from api.chat_template import ChatTemplates, TemplateError
 from api.errors import ApiError, parse_body
-from api.generation import ClientDisconnected, Timing, collect_final, open_streams
-from api.protocol import (
+from api.openai.logprobs import (
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    raise_if_failed,
+    usage_of,
+)
+from api.openai.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionRequest,
@@ -31,25 +37,19 @@ from api.protocol import (
     new_id,
     now,
 )
-from api.responses import (
-    chat_logprobs,
-    completion_logprobs,
-    finish_reason,
-    raise_if_failed,
-    usage_of,
-)
-from api.state import ServerState, state_of
-from api.streams import EventStream, StreamContext, chat_events, completion_events
-from api.structured import ToolPlan, logit_bias_of, output_constraint, tool_plan
-from api.tool_parsers import format_of_template
-from api.tool_stream import split_whole
-from api.validation import (
+from api.openai.streams import EventStream, StreamContext, chat_events, completion_events
+from api.openai.tool_parsers import format_of_template
+from api.openai.tool_plan import ToolPlan, logit_bias_of, output_constraint, tool_plan
+from api.openai.tool_stream import split_whole
+from api.serving.input_checks import (
     check_model,
     encode_prompt,
     prepare_constraint,
     resolve_max_tokens,
     to_sampling_params,
 )
+from api.serving.job_streams import ClientDisconnected, Timing, collect_final, open_streams
+from api.state import ServerState, state_of
 from engine.outputs import Completion, RequestResult
 from engine.request import GenerateJob, Prompt
 from radixcache.chat_template import ChatPrompt
