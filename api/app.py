@@ -38,8 +38,7 @@ log = logging.getLogger("radixcache.api")
 def _start_engine(config: EngineConfig, api_config: ApiConfig) -> AsyncEngine:
     from engine.async_engine import AsyncEngine
 
-    cap = config.max_num_seqs + config.max_waiting_requests
-    engine = AsyncEngine(config, max_in_flight=min(api_config.max_queue, cap))
+    engine = AsyncEngine(config, max_in_flight=api_config.max_queue)
     engine.start()
     return engine
 

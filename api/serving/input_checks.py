@@ -1,24 +1,16 @@
-"""Checks that need the engine (model names, tokenizer, context window) and the mapping of an
-OpenAI request onto the engine's SamplingParams."""
+"""The API's checks of a request against the model (its names, vocabulary, context window and
+grammars): each refuses bad input with a 4xx before the engine sees it."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from api.errors import ApiError
-from api.openai.protocol import ChatCompletionRequest, CompletionRequest
-from engine.sampling import SamplingParams
 from engine.structured.constraints import Constraint, ConstraintError
 
-
-async def prepare_constraint(engine: Any, constraint: Constraint | None, param: str) -> None:
-    """Compiles the request's grammar before any stream opens: a bad schema is a 400 here."""
-    if constraint is None:
-        return
-    try:
-        await engine.prepare_constraints([constraint])
-    except ConstraintError as exc:
-        raise ApiError(400, str(exc), param=param, code="invalid_schema") from exc
+if TYPE_CHECKING:
+    from engine.async_engine import AsyncEngine
 
 
 def check_model(requested: str, served: list[str]) -> None:
@@ -39,15 +31,27 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> N
         )
 
 
-def encode_prompt(tokenizer: Any, prompt: str | list[int]) -> list[int]:
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ApiError(400, "The prompt is empty", param="prompt", code="empty_prompt")
-        return list(tokenizer.encode(prompt))
-    if not prompt:
+def check_prompt_ids(ids: list[int], vocab_size: int) -> list[int]:
+    """A prompt given as token ids: not empty, every id in the vocabulary."""
+    if not ids:
         raise ApiError(400, "The prompt is empty", param="prompt", code="empty_prompt")
-    check_token_ids(prompt, tokenizer.vocab_size)
-    return list(prompt)
+    check_token_ids(ids, vocab_size)
+    return list(ids)
+
+
+def logit_bias_pairs(bias: Mapping[str, float], vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """{token id as a string: bias} (JSON object keys are strings) -> (token id, bias) pairs,
+    every id in the vocabulary."""
+    pairs = []
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()) or int(key) >= vocab_size:
+            raise ApiError(
+                400,
+                f"logit_bias key {key!r} is not a token id in [0, {vocab_size})",
+                param="logit_bias",
+            )
+        pairs.append((int(key), value))
+    return tuple(pairs)
 
 
 def resolve_max_tokens(
@@ -78,33 +82,13 @@ def resolve_max_tokens(
     return requested
 
 
-def to_sampling_params(
-    req: CompletionRequest | ChatCompletionRequest,
-    max_tokens: int,
-    logprobs: int | None,
-    constraint: Constraint | None = None,
-    logit_bias: tuple[tuple[int, float], ...] = (),
-    skip_special_tokens: bool = True,
-) -> SamplingParams:
+async def prepare_constraint(
+    engine: AsyncEngine, constraint: Constraint | None, param: str
+) -> None:
+    """Compiles the request's grammar before any stream opens: a bad schema is a 400 here."""
+    if constraint is None:
+        return
     try:
-        return SamplingParams(
-            n=req.n,
-            max_tokens=max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=max(req.top_k, 0),
-            min_p=req.min_p,
-            repetition_penalty=req.repetition_penalty,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-            seed=req.seed,
-            stop=tuple(req.stop_list()),
-            stop_token_ids=tuple(req.stop_token_ids or ()),
-            ignore_eos=req.ignore_eos,
-            logprobs=logprobs,
-            constraint=constraint,
-            logit_bias=logit_bias,
-            skip_special_tokens=skip_special_tokens,
-        )
-    except ValueError as exc:  # the engine's own checks (e.g. an empty stop string)
-        raise ApiError(400, str(exc), code="invalid_value") from exc
+        await engine.prepare_constraints([constraint])
+    except ConstraintError as exc:
+        raise ApiError(400, str(exc), param=param, code="invalid_schema") from exc

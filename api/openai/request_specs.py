@@ -1,0 +1,88 @@
+"""OpenAI requests -> GenerationSpec, the protocol-neutral request the builder makes jobs of: the
+sampling fields, the output format or forced tool calls, and OpenAI's defaults."""
+
+from __future__ import annotations
+
+from api.errors import ApiError
+from api.openai.output_format import constraint_param, output_constraint
+from api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from api.openai.tool_plan import ToolPlan
+from api.serving.request_builder import GenerationSpec, sampling_params
+from engine.sampling import SamplingParams
+from engine.structured.constraints import Constraint
+from radixcache.chat_template import ChatPrompt
+
+MAX_BATCH_PROMPTS = 64
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def completion_spec(req: CompletionRequest) -> GenerationSpec:
+    prompts = req.prompts()
+    if not prompts:
+        raise ApiError(400, "The prompt is empty", param="prompt", code="empty_prompt")
+    if len(prompts) > MAX_BATCH_PROMPTS:
+        raise ApiError(400, f"At most {MAX_BATCH_PROMPTS} prompts per request", param="prompt")
+    return GenerationSpec(
+        id_prefix="cmpl",
+        prompts=tuple(prompts),
+        sampling=_sampling(req, req.logprobs, output_constraint(req)),
+        max_tokens=req.max_tokens,
+        default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS,
+        logit_bias=req.logit_bias or {},
+        cache_salt=req.cache_salt,
+        constraint_param=constraint_param(req),
+    )
+
+
+def chat_spec(
+    req: ChatCompletionRequest, prompt: ChatPrompt, plan: ToolPlan | None
+) -> GenerationSpec:
+    """`plan`: the request's tools (tool_plan.py); forced calls are its output constraint."""
+    constraint = output_constraint(req)
+    param = constraint_param(req)
+    if plan is not None and plan.forced:
+        if constraint is not None:
+            raise ApiError(
+                400,
+                "tool_choice 'required' or a named function cannot be combined with an output "
+                "format (response_format / structured_outputs)",
+                param="tool_choice",
+            )
+        constraint, param = plan.constraint, "tool_choice"
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    keep_special = plan is not None and plan.keeps_special_tokens
+    return GenerationSpec(
+        id_prefix="chatcmpl",
+        prompts=(prompt,),
+        sampling=_sampling(req, top, constraint, skip_special_tokens=not keep_special),
+        max_tokens=req.max_completion_tokens or req.max_tokens,
+        logit_bias=req.logit_bias or {},
+        cache_salt=req.cache_salt,
+        constraint_param=param,
+    )
+
+
+def _sampling(
+    req: CompletionRequest | ChatCompletionRequest,
+    logprobs: int | None,
+    constraint: Constraint | None,
+    skip_special_tokens: bool = True,
+) -> SamplingParams:
+    """The request's sampling fields (max_tokens and logit_bias are the builder's to set)."""
+    return sampling_params(
+        n=req.n,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=max(req.top_k, 0),
+        min_p=req.min_p,
+        repetition_penalty=req.repetition_penalty,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        seed=req.seed,
+        stop=tuple(req.stop_list()),
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        ignore_eos=req.ignore_eos,
+        logprobs=logprobs,
+        constraint=constraint,
+        skip_special_tokens=skip_special_tokens,
+    )
