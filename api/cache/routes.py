@@ -13,6 +13,7 @@ from pydantic import Field
 from api.auth import Caller, identify, require_admin
 from api.cache.report import cache_report
 from api.errors import ApiError, parse_body
+from api.observability.pools import block_counts
 from api.openai.protocol import LookupRequest, _Request
 from api.serving.input_checks import check_model
 from api.serving.request_builder import encode
@@ -126,18 +127,10 @@ async def integrity(request: Request) -> dict[str, Any]:
     require_admin(state.config, request)
     error = await asyncio.to_thread(state.engine.integrity_error)
     snap = await asyncio.to_thread(state.engine.snapshot)
-    cache = snap.cache
     return {
         "ok": error is None,
         "error": error,
-        "blocks": {
-            "total": cache.num_blocks,
-            "free": cache.free,
-            "evictable": cache.evictable,
-            "referenced": cache.referenced,
-            "pinned": cache.pinned,
-            "cached": cache.cached,
-        },
+        "blocks": block_counts(snap.cache),
         "requests": {"running": snap.running, "waiting": snap.waiting},
         "in_flight": state.engine.in_flight,
     }

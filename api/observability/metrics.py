@@ -11,14 +11,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from api.cache.report import layer_types_report
+from api.config import METRIC_NAMES
 from api.observability import metrics_vllm
 from api.observability.engine_stats import EngineCounters
 from api.observability.latency import LatencyRecorder
+from api.observability.pools import layer_types_report
 from engine.spec.stats import SpecStats
 from radixcache.stats import CacheStats
-
-METRIC_NAMES = ("radixcache", "vllm")
 
 PREFIX = "radixcache"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
