@@ -1,6 +1,6 @@
-"""Tool-call parsers and the content/calls split (api/tool_parsers.py, api/tool_stream.py), the
+"""Tool-call parsers and the content/calls split (api/openai/tool_parsers.py, tool_stream.py), the
 chat templates' choice for tools (radixcache/chat_template.py) and the forced-call grammars
-(api/structured.py): no server, real parts."""
+(api/openai/tool_plan.py): no server, real parts."""
 
 from __future__ import annotations
 
