@@ -3,14 +3,14 @@ sampling fields, the output format or forced tool calls, and OpenAI's defaults."
 
 from __future__ import annotations
 
+from api.chat_template import ChatTemplates
 from api.errors import ApiError
 from api.openai.output_format import constraint_param, output_constraint
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest
-from api.openai.tool_plan import ToolPlan
+from api.openai.tool_plan import ToolPlan, tool_format, tool_plan
 from api.serving.request_builder import GenerationSpec, sampling_params
 from engine.sampling import SamplingParams
 from engine.structured.constraints import Constraint
-from radixcache.chat_template import ChatPrompt
 
 MAX_BATCH_PROMPTS = 64
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -35,9 +35,13 @@ def completion_spec(req: CompletionRequest) -> GenerationSpec:
 
 
 def chat_spec(
-    req: ChatCompletionRequest, prompt: ChatPrompt, plan: ToolPlan | None
-) -> GenerationSpec:
-    """`plan`: the request's tools (tool_plan.py); forced calls are its output constraint."""
+    req: ChatCompletionRequest, templates: ChatTemplates, tool_call_parser: str | None
+) -> tuple[GenerationSpec, ToolPlan | None]:
+    """The spec and the plan of the request's tools (tool_plan.py), whose forced calls are its
+    output constraint. `tool_call_parser`: the server's tool-call format, if it sets one."""
+    prompt = req.chat_prompt()
+    fmt = tool_format(tool_call_parser, templates, prompt) if req.tools else "hermes"
+    plan = tool_plan(req, fmt)
     constraint = output_constraint(req)
     param = constraint_param(req)
     if plan is not None and plan.forced:
@@ -51,7 +55,7 @@ def chat_spec(
         constraint, param = plan.constraint, "tool_choice"
     top = (req.top_logprobs or 0) if req.logprobs else None
     keep_special = plan is not None and plan.keeps_special_tokens
-    return GenerationSpec(
+    spec = GenerationSpec(
         id_prefix="chatcmpl",
         prompts=(prompt,),
         sampling=_sampling(req, top, constraint, skip_special_tokens=not keep_special),
@@ -60,6 +64,7 @@ def chat_spec(
         cache_salt=req.cache_salt,
         constraint_param=param,
     )
+    return spec, plan
 
 
 def _sampling(

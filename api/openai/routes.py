@@ -4,10 +4,12 @@ the engine's jobs, and answers with the one choice renderer (choices.py), whole 
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api.auth import identify
+from api.auth import Caller, identify
 from api.errors import parse_body
 from api.openai.choices import ChatChoices, ChoiceShape, CompletionChoices, usage_of
 from api.openai.protocol import (
@@ -22,15 +24,15 @@ from api.openai.protocol import (
 )
 from api.openai.request_specs import chat_spec, completion_spec
 from api.openai.streams import ResponseHead, chat_events, completion_events
-from api.openai.tool_plan import tool_format, tool_plan
 from api.serving.input_checks import check_model
 from api.serving.job_streams import open_jobs
 from api.serving.request_builder import build_jobs, new_id
 from api.serving.respond import respond
-from api.state import state_of
+from api.state import ServerState, state_of
 from engine.outputs import RequestResult
 
 router = APIRouter()
+R = TypeVar("R", CompletionRequest, ChatCompletionRequest)
 
 
 @router.get("/v1/models")
@@ -44,6 +46,16 @@ async def list_models(request: Request) -> ModelList:
     return ModelList(data=cards)
 
 
+async def _parse(request: Request, model: type[R]) -> tuple[ServerState, Caller, R]:
+    """The server, the caller (401 without a valid key) and the request (400 if malformed, 404
+    for a model not served)."""
+    state = state_of(request)
+    caller = identify(state.config, request)
+    req = parse_body(await request.body(), model)
+    check_model(req.model, state.served_names)
+    return state, caller, req
+
+
 def _head(req: CompletionRequest | ChatCompletionRequest, prefix: str) -> ResponseHead:
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return ResponseHead(new_id(prefix), now(), req.model, include_usage)
@@ -51,10 +63,7 @@ def _head(req: CompletionRequest | ChatCompletionRequest, prefix: str) -> Respon
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    state = state_of(request)
-    caller = identify(state.config, request)
-    req = parse_body(await request.body(), CompletionRequest)
-    check_model(req.model, state.served_names)
+    state, caller, req = await _parse(request, CompletionRequest)
     spec = completion_spec(req)
     running = open_jobs(state.engine, await build_jobs(state, spec, caller), state.metrics)
     tok = state.engine.tokenizer
@@ -80,14 +89,8 @@ async def completions(request: Request) -> Response:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    state = state_of(request)
-    caller = identify(state.config, request)
-    req = parse_body(await request.body(), ChatCompletionRequest)
-    check_model(req.model, state.served_names)
-    prompt = req.chat_prompt()
-    fmt = tool_format(state.config.tool_call_parser, state.templates, prompt) if req.tools else None
-    plan = tool_plan(req, fmt or "hermes")
-    spec = chat_spec(req, prompt, plan)
+    state, caller, req = await _parse(request, ChatCompletionRequest)
+    spec, plan = chat_spec(req, state.templates, state.config.tool_call_parser)
     running = open_jobs(state.engine, await build_jobs(state, spec, caller), state.metrics)
     shape = ChoiceShape(req.n, req.logprobs, req.return_token_ids)
     choices = ChatChoices(state.engine.tokenizer, shape, plan)

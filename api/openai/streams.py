@@ -4,7 +4,6 @@ choices of each output delta (choices.py), then usage if asked; a failure is an 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,19 +24,27 @@ class ResponseHead:
     include_usage: bool
 
 
-async def _chunk_events(
-    running: RunningJobs,
-    head: ResponseHead,
-    chunk: Callable[[list[Any], Usage | None], str],
-    chunks_of: Callable[[int, RequestOutput], list[list[Any]]],
+Body = type[ChatCompletionChunk] | type[CompletionResponse]
+ChunksOf = Callable[[int, RequestOutput], list[list[Any]]]
+
+
+async def _events(
+    running: RunningJobs, head: ResponseHead, body: Body, opening: list[Any], chunks_of: ChunksOf
 ) -> AsyncIterator[str]:
-    """Runs the jobs: chunks for each output with news (each a list of choices), then usage (if
-    asked) and `[DONE]`."""
+    """Runs the jobs: `opening` (if any choices), then a chunk per list of choices each output
+    gives, then usage (if asked) and `[DONE]`; a failure is an error event before `[DONE]`."""
+
+    def chunk(choices: list[Any], usage: Usage | None = None) -> str:
+        fields = dict(id=head.request_id, created=head.created, model=head.model)
+        return sse(dump(body(**fields, choices=choices, usage=usage)))
+
+    if opening:
+        yield chunk(opening)
     finals: list[RequestResult] = []
     try:
         async for job, out in stream_outputs(running, finals):
             for choices in chunks_of(job, out):
-                yield chunk(choices, None)
+                yield chunk(choices)
     except Exception as exc:
         yield error_event(exc)
     else:
@@ -46,40 +53,21 @@ async def _chunk_events(
     yield sse("[DONE]")
 
 
-async def chat_events(
+def chat_events(
     running: RunningJobs, head: ResponseHead, choices: ChatChoices
 ) -> AsyncIterator[str]:
-    def chunk(parts: list[Any], usage: Usage | None) -> str:
-        body = ChatCompletionChunk(
-            id=head.request_id, created=head.created, model=head.model, choices=parts, usage=usage
-        )
-        return sse(dump(body))
-
-    yield chunk(choices.opening(), None)
-
     def chunks_of(_job: int, out: RequestOutput) -> list[list[Any]]:
         return choices.streamed(out)
 
-    async with aclosing(_chunk_events(running, head, chunk, chunks_of)) as events:
-        async for event in events:
-            yield event
+    return _events(running, head, ChatCompletionChunk, choices.opening(), chunks_of)
 
 
-async def completion_events(
+def completion_events(
     running: RunningJobs, head: ResponseHead, choices: CompletionChoices
 ) -> AsyncIterator[str]:
-    def chunk(parts: list[Any], usage: Usage | None) -> str:
-        body = CompletionResponse(
-            id=head.request_id, created=head.created, model=head.model, choices=parts, usage=usage
-        )
-        return sse(dump(body))
-
     def chunks_of(job: int, out: RequestOutput) -> list[list[Any]]:
         parts = choices.streamed(job, out)
         return [parts] if parts else []
 
-    if choices.echo is not None:
-        yield chunk(choices.echoed(), None)
-    async with aclosing(_chunk_events(running, head, chunk, chunks_of)) as events:
-        async for event in events:
-            yield event
+    opening = choices.echoed() if choices.echo is not None else []
+    return _events(running, head, CompletionResponse, opening, chunks_of)
