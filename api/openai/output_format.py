@@ -1,5 +1,5 @@
 """A request's output format in the engine's terms: response_format and vLLM's structured_outputs
--> one Constraint (or none)."""
+-> one Constraint (or none), and the field a constraint that does not compile is blamed on."""
 
 from __future__ import annotations
 
@@ -19,7 +19,12 @@ from engine.structured.constraints import (
 )
 
 
-def output_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constraint | None:
+def output_format(req: CompletionRequest | ChatCompletionRequest) -> tuple[Constraint | None, str]:
+    param = "structured_outputs" if req.structured_outputs is not None else "response_format"
+    return _constraint(req), param
+
+
+def _constraint(req: CompletionRequest | ChatCompletionRequest) -> Constraint | None:
     fmt, so = req.response_format, req.structured_outputs
     if fmt is not None and so is not None and not _is_text(fmt):
         raise ApiError(
@@ -31,11 +36,6 @@ def output_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constra
         schema = fmt.json_schema.json_schema
         return JsonObject() if schema is None else json_schema(schema)
     return None if so is None else _structured_outputs(so)
-
-
-def constraint_param(req: CompletionRequest | ChatCompletionRequest) -> str:
-    """The field a constraint that does not compile is blamed on."""
-    return "structured_outputs" if req.structured_outputs is not None else "response_format"
 
 
 def _is_text(fmt: Any) -> bool:

@@ -3,14 +3,14 @@ sampling fields, the output format or forced tool calls, and OpenAI's defaults."
 
 from __future__ import annotations
 
+from typing import Any
+
 from api.chat_template import ChatTemplates
 from api.errors import ApiError
-from api.openai.output_format import constraint_param, output_constraint
+from api.openai.output_format import output_format
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from api.openai.tool_plan import ToolPlan, tool_format, tool_plan
-from api.serving.request_builder import GenerationSpec, sampling_params
-from engine.sampling import SamplingParams
-from engine.structured.constraints import Constraint
+from api.serving.request_builder import GenerationSpec
 
 MAX_BATCH_PROMPTS = 64
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -22,15 +22,17 @@ def completion_spec(req: CompletionRequest) -> GenerationSpec:
         raise ApiError(400, "The prompt is empty", param="prompt", code="empty_prompt")
     if len(prompts) > MAX_BATCH_PROMPTS:
         raise ApiError(400, f"At most {MAX_BATCH_PROMPTS} prompts per request", param="prompt")
+    constraint, param = output_format(req)
     return GenerationSpec(
         id_prefix="cmpl",
         prompts=tuple(prompts),
-        sampling=_sampling(req, req.logprobs, output_constraint(req)),
+        sampling=_sampling(req, req.logprobs),
+        constraint=constraint,
         max_tokens=req.max_tokens,
         default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS,
         logit_bias=req.logit_bias or {},
         cache_salt=req.cache_salt,
-        constraint_param=constraint_param(req),
+        constraint_param=param,
     )
 
 
@@ -42,8 +44,7 @@ def chat_spec(
     prompt = req.chat_prompt()
     fmt = tool_format(tool_call_parser, templates, prompt) if req.tools else "hermes"
     plan = tool_plan(req, fmt)
-    constraint = output_constraint(req)
-    param = constraint_param(req)
+    constraint, param = output_format(req)
     if plan is not None and plan.forced:
         if constraint is not None:
             raise ApiError(
@@ -58,7 +59,8 @@ def chat_spec(
     spec = GenerationSpec(
         id_prefix="chatcmpl",
         prompts=(prompt,),
-        sampling=_sampling(req, top, constraint, skip_special_tokens=not keep_special),
+        sampling=_sampling(req, top, skip_special_tokens=not keep_special),
+        constraint=constraint,
         max_tokens=req.max_completion_tokens or req.max_tokens,
         logit_bias=req.logit_bias or {},
         cache_salt=req.cache_salt,
@@ -70,11 +72,10 @@ def chat_spec(
 def _sampling(
     req: CompletionRequest | ChatCompletionRequest,
     logprobs: int | None,
-    constraint: Constraint | None,
     skip_special_tokens: bool = True,
-) -> SamplingParams:
-    """The request's sampling fields (max_tokens and logit_bias are the builder's to set)."""
-    return sampling_params(
+) -> dict[str, Any]:
+    """The request's SamplingParams fields (max_tokens and logit_bias are the builder's)."""
+    return dict(
         n=req.n,
         temperature=req.temperature,
         top_p=req.top_p,
@@ -88,6 +89,5 @@ def _sampling(
         stop_token_ids=tuple(req.stop_token_ids or ()),
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
-        constraint=constraint,
         skip_special_tokens=skip_special_tokens,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from api.chat_template import ChatTemplates, TemplateError
@@ -22,6 +22,7 @@ from api.serving.input_checks import (
 )
 from engine.request import GenerateJob, Prompt
 from engine.sampling import SamplingParams
+from engine.structured.constraints import Constraint
 from radixcache.chat_template import ChatPrompt
 
 if TYPE_CHECKING:
@@ -34,12 +35,13 @@ PromptSource = str | list[int] | ChatPrompt  # text, token ids, or chat messages
 @dataclass(frozen=True)
 class GenerationSpec:
     """What a request asks the engine for, whatever protocol it came in (not yet checked against
-    the model). One job per prompt, each with `sampling`, whose max_tokens and logit_bias the
-    builder sets."""
+    the model): one job per prompt, each sampled by SamplingParams(**sampling, constraint=...,
+    and the max_tokens and logit_bias the builder checks)."""
 
     id_prefix: str  # of the jobs' request ids
     prompts: tuple[PromptSource, ...]
-    sampling: SamplingParams
+    sampling: Mapping[str, Any]  # SamplingParams fields but constraint, max_tokens, logit_bias
+    constraint: Constraint | None = None  # the output's grammar (SamplingParams.constraint)
     max_tokens: int | None = None  # asked for; None: default_max_tokens within the room left
     default_max_tokens: int | None = None  # None: all the room the context window leaves
     logit_bias: Mapping[str, float] = field(default_factory=dict)  # token id (a JSON key) -> bias
@@ -51,11 +53,10 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def sampling_params(base: SamplingParams | None = None, **fields: Any) -> SamplingParams:
-    """SamplingParams(**fields), or `base` with `fields` replaced; the engine's own refusals of
-    a value (e.g. an empty stop string) are 400s."""
+def _sampling_params(fields: Mapping[str, Any]) -> SamplingParams:
+    """The engine's own refusals of a value (e.g. an empty stop string) are 400s."""
     try:
-        return replace(base, **fields) if base is not None else SamplingParams(**fields)
+        return SamplingParams(**fields)
     except ValueError as exc:
         raise ApiError(400, str(exc), code="invalid_value") from exc
 
@@ -72,9 +73,10 @@ async def build_jobs(state: ServerState, spec: GenerationSpec, caller: Caller) -
         max_tokens = resolve_max_tokens(
             spec.max_tokens, len(prompt.token_ids), engine.max_model_len, spec.default_max_tokens
         )
-        params = sampling_params(spec.sampling, max_tokens=max_tokens, logit_bias=bias)
+        fields = dict(spec.sampling, max_tokens=max_tokens, logit_bias=bias)
+        params = _sampling_params(dict(fields, constraint=spec.constraint))
         jobs.append(GenerateJob(new_id(spec.id_prefix), prompt, params, salt))
-    await prepare_constraint(engine, spec.sampling.constraint, spec.constraint_param)
+    await prepare_constraint(engine, spec.constraint, spec.constraint_param)
     return jobs
 
 
