@@ -19,6 +19,7 @@ from api.openai.protocol import (
     PromptTokensDetails,
     Usage,
 )
+from api.openai.tool_parsers import ToolParser
 from api.openai.tool_plan import ToolPlan
 from api.openai.tool_stream import ToolStream, split_whole
 from api.serving.engine_errors import raise_if_failed
@@ -123,6 +124,15 @@ class ChatChoices:
     tools: ToolPlan | None = None
     _splits: dict[int, ToolStream] = field(default_factory=dict)
 
+    @property
+    def parser(self) -> ToolParser | None:
+        """What reads calls out of the text; None: the text is all content."""
+        return None if self.tools is None else self.tools.parser
+
+    @property
+    def parallel(self) -> bool:
+        return self.tools is None or self.tools.parallel
+
     def whole(self, result: RequestResult) -> list[ChatChoice]:
         prompt_ids = result.prompt_token_ids if self.shape.token_ids else None
         choices = []
@@ -130,9 +140,8 @@ class ChatChoices:
             raise_if_failed(c)
             content: str | None = c.text
             calls = None
-            parser = self._parser()
-            if parser is not None:
-                content, calls = split_whole(parser, self.tools.parallel, c.text)  # type: ignore[union-attr]
+            if self.parser is not None:
+                content, calls = split_whole(self.parser, self.parallel, c.text)
             choices.append(
                 ChatChoice(
                     index=c.index,
@@ -157,8 +166,8 @@ class ChatChoices:
         chunks: list[list[ChatChunkChoice]] = []
         for d in out.outputs:
             raise_if_failed(d)
-            if self._parser() is not None:
-                chunks += self._with_tools(d)
+            if self.parser is not None:
+                chunks += self._with_tools(d, self.parser)
             elif self.shape.has_news(d):
                 choice = ChatChunkChoice(
                     index=d.index,
@@ -170,10 +179,8 @@ class ChatChoices:
                 chunks.append([choice])
         return chunks
 
-    def _with_tools(self, d: CompletionDelta) -> list[list[ChatChunkChoice]]:
-        plan = self.tools
-        assert plan is not None and plan.parser is not None
-        split = self._splits.setdefault(d.index, ToolStream(plan.parser, plan.parallel))
+    def _with_tools(self, d: CompletionDelta, parser: ToolParser) -> list[list[ChatChunkChoice]]:
+        split = self._splits.setdefault(d.index, ToolStream(parser, self.parallel))
         content, calls = split.feed(d.text, final=d.finished)
         chunks = []
         per_token = self.shape.logprobs or self.shape.token_ids
@@ -187,9 +194,6 @@ class ChatChoices:
             reason = finish_reason(d.finish_reason, bool(split.calls))
             chunks.append([ChatChunkChoice(index=d.index, delta=Delta(), finish_reason=reason)])
         return chunks
-
-    def _parser(self) -> Any:
-        return None if self.tools is None else self.tools.parser
 
     def _logprobs(self, sample: Sample) -> ChatLogprobs | None:
         return chat_logprobs(self.tokenizer, sample) if self.shape.logprobs else None
