@@ -86,9 +86,10 @@ def encode(tokenizer: Any, templates: ChatTemplates, source: PromptSource) -> Pr
         return Prompt(chat_prompt_ids(tokenizer, templates, source))
     if isinstance(source, list):
         return Prompt(check_prompt_ids(source, tokenizer.vocab_size))
-    if not source:
+    ids = list(tokenizer.encode(source)) if source else []
+    if not ids:  # text that gives no token would reach the engine empty
         raise ApiError(400, "The prompt is empty", param="prompt", code="empty_prompt")
-    return Prompt(list(tokenizer.encode(source)), source)
+    return Prompt(ids, source)
 
 
 def chat_prompt_ids(tokenizer: Any, templates: ChatTemplates, prompt: ChatPrompt) -> list[int]:
