@@ -13,17 +13,20 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from api import routes_cache, routes_history, routes_openai, routes_tokenize
 from api.body_limit import BodyLimitMiddleware
+from api.cache import routes as cache_routes
 from api.chat_template import ChatTemplates
 from api.config import ApiConfig
-from api.dashboard import routes as routes_dashboard
 from api.docs import docs_router
 from api.errors import install_error_handlers
-from api.metrics import ApiMetrics
+from api.observability import history_routes
+from api.observability.dashboard import routes as dashboard_routes
+from api.observability.metrics import ApiMetrics
+from api.observability.stats_history import StatsHistory
+from api.openai import routes as openai_routes
+from api.openai import tokenize_routes
 from api.openapi_bodies import install_request_schemas
 from api.state import ServerState, state_of
-from api.stats_history import StatsHistory
 from engine.config import EngineConfig
 
 if TYPE_CHECKING:
@@ -35,8 +38,7 @@ log = logging.getLogger("radixcache.api")
 def _start_engine(config: EngineConfig, api_config: ApiConfig) -> AsyncEngine:
     from engine.async_engine import AsyncEngine
 
-    cap = config.max_num_seqs + config.max_waiting_requests
-    engine = AsyncEngine(config, max_in_flight=min(api_config.max_queue, cap))
+    engine = AsyncEngine(config, max_in_flight=api_config.max_queue)
     engine.start()
     return engine
 
@@ -96,11 +98,11 @@ def create_app(
     app.state.server = None
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=api_config.max_body_bytes)
-    app.include_router(routes_openai.router)
-    app.include_router(routes_history.router)
-    app.include_router(routes_cache.router)
-    app.include_router(routes_tokenize.router)
-    app.include_router(routes_dashboard.router)
+    app.include_router(openai_routes.router)
+    app.include_router(history_routes.router)
+    app.include_router(cache_routes.router)
+    app.include_router(tokenize_routes.router)
+    app.include_router(dashboard_routes.router)
     app.include_router(docs_router(app.openapi_url or "/openapi.json", app.title))
     install_request_schemas(app)
 

@@ -4,17 +4,19 @@ several servers) and `pull` (fetch a named model: the default one or gemma3-270m
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from pathlib import Path
 from typing import Any, get_args
 
-from api.config import ApiConfig
+from api.config import METRIC_NAMES, ApiConfig
+from api.openai.tool_parsers import PARSERS
 from api.router.config import RouterConfig
+from api.router.policy import POLICIES, Balance
 from engine.config import EVICTION_POLICIES, EngineConfig
 from engine.dtypes import AUTO, DTYPES
-from engine.loader.default_model import DEFAULT_MODEL_NAME
+from engine.kv_events import KVEventsConfig
+from engine.loader.default_model import DEFAULT_MODEL_NAME, default_cache_dir
 from engine.loader.named_models import NAMED_MODELS
 from engine.spec.config import SPECULATIVE_MODES
 from radixcache.tier_names import TierName
@@ -24,7 +26,11 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # every default below is the config dataclasses' own (one copy of each)
 ENGINE, API, TIERS = EngineConfig(), ApiConfig(), TierConfig()
-ROUTER_BLOCK_SIZE = RouterConfig.__dataclass_fields__["block_size"].default
+
+
+def _default(config: type, name: str) -> Any:
+    """A dataclass field's default, for configs that have required fields."""
+    return config.__dataclass_fields__[name].default
 
 
 def parse_size(text: str) -> int:
@@ -40,10 +46,6 @@ def parse_ttl(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text!r}")
     return int(text)
-
-
-def cache_home() -> Path:
-    return Path(os.environ.get("RADIXCACHE_HOME") or Path.home() / ".cache" / "radixcache")
 
 
 def human(n: int) -> str:
@@ -236,12 +238,14 @@ def _events_args(p: argparse.ArgumentParser) -> None:
         metavar="tcp://HOST:PORT",
         help="serve replays of past event batches on this ZMQ ROUTER address",
     )
-    g.add_argument("--kv-events-topic", default="kv-events", help="topic of every message")
+    g.add_argument(
+        "--kv-events-topic",
+        default=_default(KVEventsConfig, "topic"),
+        help="topic of every message",
+    )
 
 
 def _route_args(p: argparse.ArgumentParser) -> None:
-    from api.router.policy import POLICIES, Balance
-
     g = p.add_argument_group("routing")
     g.add_argument(
         "--replica",
@@ -251,7 +255,12 @@ def _route_args(p: argparse.ArgumentParser) -> None:
         metavar="http://HOST:PORT[,tcp://HOST:EVENTS[,tcp://HOST:REPLAY]]",
         help="a replica and, optionally, its KV-events and replay addresses (repeatable)",
     )
-    g.add_argument("--policy", choices=POLICIES, default="cache-aware", help="routing policy")
+    g.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default=_default(RouterConfig, "policy"),
+        help="routing policy",
+    )
     g.add_argument(
         "--model",
         default=None,
@@ -277,7 +286,7 @@ def _route_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--block-size",
         type=int,
-        default=ROUTER_BLOCK_SIZE,
+        default=_default(RouterConfig, "block_size"),
         help="block size of replicas without events",
     )
 
@@ -317,13 +326,13 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--metrics-names",
         default=API.metrics_names,
-        choices=["radixcache", "vllm"],
+        choices=METRIC_NAMES,
         help="/metrics names: ours, or vLLM's for what vLLM also reports (its dashboards work)",
     )
     g.add_argument(
         "--tool-call-parser",
         default=None,
-        choices=["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"],
+        choices=sorted(PARSERS),
         help="format of the model's tool calls (default: the one its chat template teaches)",
     )
     g.add_argument(
@@ -336,7 +345,7 @@ def tier_config(args: argparse.Namespace) -> Any:
 
     disk_path = None
     if not args.no_disk:
-        disk_path = args.disk_path or cache_home() / "kv"
+        disk_path = args.disk_path or default_cache_dir() / "kv"
     tiers = TierConfig(
         host_bytes=args.host_tier_bytes,
         disk_path=disk_path,
@@ -380,8 +389,6 @@ def events_config(args: argparse.Namespace) -> Any:
         if args.kv_events_replay_endpoint is not None:
             raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
         return None
-    from engine.kv_events import KVEventsConfig
-
     return KVEventsConfig(
         args.kv_events_endpoint, args.kv_events_replay_endpoint, topic=args.kv_events_topic
     )
@@ -448,7 +455,7 @@ def describe_auth(acfg: Any, host: str) -> str:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    path = NAMED_MODELS[args.name](args.cache_dir or cache_home(), True)
+    path = NAMED_MODELS[args.name](args.cache_dir or default_cache_dir(), True)
     print(f"{args.name} ready: {path}")
     return 0
 
@@ -459,7 +466,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from api.app import create_app
 
     if args.model is None or args.model in NAMED_MODELS:
-        model_path = NAMED_MODELS[args.model or DEFAULT_MODEL_NAME](cache_home(), True)
+        model_path = NAMED_MODELS[args.model or DEFAULT_MODEL_NAME](default_cache_dir(), True)
     else:
         model_path = Path(args.model)
         if not model_path.is_dir():
@@ -493,12 +500,11 @@ def cmd_route(args: argparse.Namespace) -> int:
     from api.config import ApiConfig, parse_api_keys
     from api.router.app import create_router_app
     from api.router.config import RouterConfig
-    from api.router.policy import Balance
     from api.router.replicas import ReplicaSpec
 
     # the router runs no model: it only reads the folder's tokenizer (no torch import)
     name = args.model or DEFAULT_MODEL_NAME
-    folder = cache_home() / "models" / name if name in NAMED_MODELS else Path(name)
+    folder = default_cache_dir() / "models" / name if name in NAMED_MODELS else Path(name)
     if not (folder / "tokenizer.json").is_file():
         print(f"radixcache: no tokenizer.json in {folder} (run `radixcache pull`)", file=sys.stderr)
         return 2

@@ -7,6 +7,8 @@ import ipaddress
 import socket
 from dataclasses import dataclass, field
 
+METRIC_NAMES = ("radixcache", "vllm")  # /metrics names: ours, or vLLM's for what it also reports
+
 
 def tenant_of_key(key: str) -> str:
     """A stable tenant name for an API key that was given without one."""
@@ -35,8 +37,7 @@ class ApiConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     stats_interval_s: float = 5.0  # how often cache counters are sampled for windowed rates
     stats_history_s: float = 3600.0
-    default_max_tokens: int = 256
-    metrics_names: str = "radixcache"  # or "vllm": shared metrics under vLLM's names
+    metrics_names: str = METRIC_NAMES[0]  # one of METRIC_NAMES
     tool_call_parser: str | None = None  # tool-call format; None: the chat template's (hermes)
     # with no key configured, a caller is admin only while this holds: the server is bound to
     # loopback, or --open-admin said so (on a network address anyone could read every prompt)

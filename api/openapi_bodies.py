@@ -10,9 +10,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from api.protocol import ChatCompletionRequest, CompletionRequest, LookupRequest, PinRequest
-from api.routes_cache import FlushRequest
-from api.routes_tokenize import DetokenizeRequest, TokenizeRequest
+from api.cache.routes import FlushRequest
+from api.openai.protocol import ChatCompletionRequest, CompletionRequest, LookupRequest, PinRequest
+from api.openai.tokenize_routes import DetokenizeRequest, TokenizeRequest
 
 BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("/v1/completions", "post"): CompletionRequest,

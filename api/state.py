@@ -10,11 +10,11 @@ from fastapi import Request
 
 from api.chat_template import ChatTemplates
 from api.config import ApiConfig
-from api.engine_stats import CacheCounters, EngineCounters, read_counters
 from api.errors import ApiError
-from api.metrics import ApiMetrics
-from api.server_counters import ServerCounters, server_counters
-from api.stats_history import StatsHistory
+from api.observability.engine_stats import CacheCounters, EngineCounters, read_counters
+from api.observability.metrics import ApiMetrics
+from api.observability.server_counters import ServerCounters, server_counters
+from api.observability.stats_history import StatsHistory
 
 if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine

@@ -288,7 +288,7 @@ def main() -> None:
     p.add_argument("--tool-choice", default="required", choices=["required", "auto"])
     args = p.parse_args()
     os.environ.pop("GOMP_CPU_AFFINITY", None)  # as bench_serving_vs_vllm: no pinned threads
-    from api.protocol import ChatCompletionRequest
+    from api.openai.protocol import ChatCompletionRequest
     from api.router.tokenize import PromptTokenizer
     from engine.dtypes import resolve_dtype
     from engine.loader import ensure_default_model

@@ -22,7 +22,7 @@ SOURCES = [
     "engine/scheduler.py",
     "engine/kv/manager.py",
     "engine/sampler.py",
-    "api/metrics.py",
+    "api/observability/metrics.py",
     "storage/disk.py",
     "engine/llm_engine.py",
 ]

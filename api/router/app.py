@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from api.auth import identify
 from api.body_limit import BodyLimitMiddleware
 from api.errors import ApiError, install_error_handlers, parse_body
-from api.protocol import ChatCompletionRequest, CompletionRequest
+from api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from api.router.config import RouterConfig
 from api.router.policy import Router
 from api.router.proxy import (

@@ -59,6 +59,17 @@ def test_stats_hit_rates_and_occupancy(http, server) -> None:
     assert any(ns["hit_tokens"] > 0 for ns in stats["namespaces"])
 
 
+def test_integrity_counts_blocks_under_the_stats_names(http, server) -> None:
+    complete(http, server, fresh_text(3 * BLOCK_SIZE, 23))
+    report = http.get("/v1/cache/integrity").json()
+    device = http.get("/v1/cache/stats").json()["device"]
+    assert report["ok"] and report["error"] is None
+    blocks = report["blocks"]  # idle: nothing moves between the two reads
+    assert blocks == {name: device[name] for name in blocks}
+    assert set(blocks) >= {"num_blocks", "free", "evictable", "referenced", "pinned", "cached"}
+    assert blocks["num_blocks"] == device["num_blocks"] > 0
+
+
 def test_lookup_reports_cached_prefix_without_running(http, server) -> None:
     prompt = fresh_text(3 * BLOCK_SIZE + 5, 22)
     r = http.post("/v1/cache/lookup", json={"prompt": prompt})

@@ -18,9 +18,14 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from api.auth import Caller
 from api.config import ApiConfig
-from api.dashboard.view import owned_salts, sizing_advice, spill_estimate, tenant_of_salt
-from api.engine_stats import CacheCounters, NamespaceCounters, TierOccupancy
-from api.stats_history import StatsHistory
+from api.observability.dashboard.view import (
+    owned_salts,
+    sizing_advice,
+    spill_estimate,
+    tenant_of_salt,
+)
+from api.observability.engine_stats import CacheCounters, NamespaceCounters, TierOccupancy
+from api.observability.stats_history import StatsHistory
 from radixcache.stats import MissRatioPoint
 from storage.config import TierConfig
 from tests.api.servers import ADMIN_KEY, API_KEYS, Server, engine_config, fresh_text, start_server

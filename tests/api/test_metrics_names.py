@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.cli import api_config, build_parser
 from api.config import ApiConfig
-from api.metrics import ApiMetrics
+from api.observability.metrics import ApiMetrics
 from tests.api.servers import Server, engine_config, fresh_text, start_server
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "radixcache.json"

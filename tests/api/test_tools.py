@@ -15,9 +15,9 @@ import jsonschema
 import openai
 import pytest
 
-from api.protocol import ChatCompletionRequest
+from api.openai.protocol import ChatCompletionRequest
+from api.openai.tool_plan import NO_PARAMETERS
 from api.router.tokenize import PromptTokenizer
-from api.structured import NO_PARAMETERS
 from tests.api.servers import BLOCK_SIZE, Server
 from tests.api.tool_cases import WEATHER_TOOLS
 

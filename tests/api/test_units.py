@@ -10,10 +10,10 @@ import pytest
 from api.auth import Caller
 from api.cli import build_parser, engine_config, parse_size, tier_config
 from api.config import ApiConfig, parse_api_keys
-from api.engine_stats import CacheCounters
 from api.errors import ApiError, parse_body
-from api.protocol import ChatCompletionRequest, CompletionRequest
-from api.stats_history import StatsHistory
+from api.observability.engine_stats import CacheCounters
+from api.observability.stats_history import StatsHistory
+from api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from engine.config import EngineConfig
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from api.engine_stats import CacheCounters, EngineCounters, TierOccupancy
-from api.latency import LatencyCounts
+from api.observability.engine_stats import CacheCounters, EngineCounters, TierOccupancy
+from api.observability.latency import LatencyCounts
 
 
 @dataclass(frozen=True)

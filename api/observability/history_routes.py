@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 
 from api.auth import identify
 from api.errors import ApiError
-from api.history_report import history_points
+from api.observability.history_report import history_points
 from api.state import state_of
 
 router = APIRouter(prefix="/v1/cache")

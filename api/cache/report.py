@@ -8,9 +8,9 @@ from dataclasses import asdict
 from typing import Any
 
 from api.auth import Caller
-from api.engine_stats import CacheCounters, EngineCounters, NamespaceCounters
+from api.observability.engine_stats import CacheCounters, EngineCounters, NamespaceCounters
+from api.observability.pools import block_counts, layer_types_report
 from engine.spec.stats import SpecStats
-from radixcache.stats import CacheStats
 from radixcache.tier_names import TierName
 
 
@@ -77,34 +77,6 @@ def _mean_ms(seconds: float, steps: int) -> float:
     return round(1000 * seconds / steps, 3) if steps else 0.0
 
 
-def layer_types_report(cache: CacheStats) -> dict[str, dict[str, Any]]:
-    """A hybrid cache's two pools: blocks by state and the tokens each kind of layer could
-    reuse (a windowed layer's hit is cut to where its blocks before the hit are present)."""
-    w = cache.windows
-    assert w is not None
-    return {
-        "full_attention": {
-            "num_blocks": cache.num_blocks,
-            "free": cache.free,
-            "evictable": cache.evictable,
-            "referenced": cache.referenced,
-            "cached": cache.cached,
-            "hit_tokens": w.full_hit_tokens,
-        },
-        "sliding_window": {
-            "window": w.window,
-            "num_blocks": w.num_blocks,
-            "free": w.free,
-            "evictable": w.evictable,
-            "referenced": w.referenced,
-            "cached": w.cached,
-            "tombstones": w.tombstones,
-            "evicted": w.evicted,
-            "hit_tokens": w.hit_tokens,
-        },
-    }
-
-
 def cache_report(
     counters: EngineCounters,
     window: tuple[CacheCounters, float],
@@ -130,12 +102,7 @@ def cache_report(
         "compute_saved_note": "flops ~ 2 x parameters x tokens saved (attention not counted)",
         TierName.DEVICE: {
             "block_size": cache.block_size,
-            "num_blocks": cache.num_blocks,
-            "free": cache.free,
-            "evictable": cache.evictable,
-            "referenced": cache.referenced,
-            "pinned": cache.pinned,
-            "cached": cache.cached,
+            **block_counts(cache),
             "policy": cache.policy,
         },
     }

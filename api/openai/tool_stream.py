@@ -10,8 +10,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from api.protocol_tools import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
-from api.tool_parsers import CallProgress, ParsedCall, ToolParser
+from api.openai.protocol_tools import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
+from api.openai.tool_parsers import CallProgress, ParsedCall, ToolParser
 
 
 def call_id() -> str:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
 from api.auth import identify
-from api.dashboard.view import (
+from api.observability.dashboard.view import (
     device_hit_rate,
     hottest,
     owned_salts,
@@ -26,7 +26,9 @@ from engine.kv.admin import HottestPrefixes
 router = APIRouter(prefix="/dashboard")
 
 OURS = PackageAssets(
-    "api.dashboard", "static", frozenset({"index.html", "dashboard.js", "dashboard.css"})
+    "api.observability.dashboard",
+    "static",
+    frozenset({"index.html", "dashboard.js", "dashboard.css"}),
 )
 PLOTLY = PackageAssets("plotly", "package_data", frozenset({"plotly.min.js"}))
 WINDOW_S = 300.0

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from api.auth import TENANT_PREFIX, Caller
-from api.engine_stats import CacheCounters, TierOccupancy
+from api.observability.engine_stats import CacheCounters, TierOccupancy
 from radixcache.stats import MissRatioPoint, PrefixInfo
 from radixcache.tier_names import TierName
 

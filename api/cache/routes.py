@@ -11,12 +11,13 @@ from fastapi import APIRouter, Query, Request
 from pydantic import Field
 
 from api.auth import Caller, identify, require_admin
-from api.cache_report import cache_report
-from api.chat_template import TemplateError
+from api.cache.report import cache_report
 from api.errors import ApiError, parse_body
-from api.protocol import LookupRequest, _Request
+from api.observability.pools import block_counts
+from api.openai.protocol import LookupRequest, _Request
+from api.serving.input_checks import check_model
+from api.serving.request_builder import encode
 from api.state import ServerState, state_of
-from api.validation import check_model, encode_prompt
 from engine.kv.admin import Flush, HottestPrefixes, Lookup, Pin, Unpin
 from radixcache.stats import PrefixInfo
 
@@ -32,16 +33,8 @@ def _prompt_ids(state: ServerState, req: LookupRequest) -> list[int]:
         check_model(req.model, state.served_names)
     if (req.prompt is None) == (req.messages is None):
         raise ApiError(400, "Give exactly one of 'prompt' and 'messages'", param="prompt")
-    tok = state.engine.tokenizer
-    if req.prompt is not None:
-        return encode_prompt(tok, req.prompt)
-    if not req.messages:
-        raise ApiError(400, "The messages are empty", param="messages")
-    try:
-        text = state.templates.render(req.chat_prompt())
-        return list(tok.encode(text, add_special_tokens=False))
-    except TemplateError as exc:
-        raise ApiError(400, str(exc), param=exc.param) from exc
+    source = req.prompt if req.prompt is not None else req.chat_prompt()
+    return encode(state.engine.tokenizer, state.templates, source).token_ids
 
 
 async def _parse(request: Request, caller: Caller) -> tuple[ServerState, list[int], str]:
@@ -134,18 +127,10 @@ async def integrity(request: Request) -> dict[str, Any]:
     require_admin(state.config, request)
     error = await asyncio.to_thread(state.engine.integrity_error)
     snap = await asyncio.to_thread(state.engine.snapshot)
-    cache = snap.cache
     return {
         "ok": error is None,
         "error": error,
-        "blocks": {
-            "total": cache.num_blocks,
-            "free": cache.free,
-            "evictable": cache.evictable,
-            "referenced": cache.referenced,
-            "pinned": cache.pinned,
-            "cached": cache.cached,
-        },
+        "blocks": block_counts(snap.cache),
         "requests": {"running": snap.running, "waiting": snap.waiting},
         "in_flight": state.engine.in_flight,
     }

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from api.engine_stats import EngineCounters
+from api.observability.engine_stats import EngineCounters
 from engine.spec.stats import SpecStats
 
 LABELS = ["model_name", "engine"]  # vLLM labels every engine metric with both (engine "0": one)

@@ -1,57 +1,14 @@
-"""Engine outputs -> OpenAI response objects (whole responses, stream chunks, usage, logprobs)."""
+"""A sample's token logprobs in OpenAI's two shapes: chat (`content` entries with bytes and top
+alternatives) and legacy completions (tokens, offsets, top alternatives by text)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from api.errors import ApiError
-from api.protocol import (
-    ChatLogprobs,
-    CompletionLogprobs,
-    PromptTokensDetails,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
-)
-from engine.outputs import Completion, CompletionDelta, RequestResult
+from api.openai.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from engine.outputs import Completion, CompletionDelta
 
 Sample = CompletionDelta | Completion  # what carries token ids and logprobs
-
-FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "stop"}
-
-
-def finish_reason(raw: str | None, called_tools: bool = False) -> str | None:
-    """OpenAI's finish reason; a stop after tool calls is "tool_calls"."""
-    if raw is None:
-        return None
-    reason = FINISH_REASONS.get(raw, raw)
-    return "tool_calls" if called_tools and reason == "stop" else reason
-
-
-def raise_if_failed(sample: Sample) -> None:
-    """A sample the engine ended with an error (its grammar rejected a token): the request fails
-    with that message, as a JSON error (whole) or an SSE error event (streamed)."""
-    if sample.finish_reason == "error":
-        message = getattr(sample, "error", None) or "the output constraint failed"
-        raise ApiError(422, f"Generation failed: {message}", code="generation_error")
-
-
-def usage_of(finals: list[RequestResult]) -> Usage:
-    prompt = sum(len(out.prompt_token_ids) for out in finals)
-    completion = sum(len(c.token_ids) for out in finals for c in out.outputs)
-    cached = sum(out.num_cached_tokens for out in finals)
-    return Usage(
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=prompt + completion,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-    )
-
-
-def sse(payload: dict | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n"
 
 
 def _piece(tokenizer: Any, token_id: int) -> str:

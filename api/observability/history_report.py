@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.engine_stats import TierOccupancy
-from api.server_counters import ServerCounters
-from api.stats_history import Sample
+from api.observability.engine_stats import TierOccupancy
+from api.observability.server_counters import ServerCounters
+from api.observability.stats_history import Sample
 
 
 def _rate(hit: float, total: float) -> float | None:

@@ -5,20 +5,19 @@ They are closed: a field we receive and do not honour is a 400 naming it, never 
 allow-list of harmless fields accepted and ignored: `user`, `store`, `metadata` (OpenAI-side
 bookkeeping), `service_tier` (a billing tier: one server has one) and `refusal` in an assistant
 message (what the client echoes back of our own answer). Tools and output formats:
-protocol_tools.py. Ranges the model cannot check alone (context window, max_tokens ceiling):
-validation.py.
+protocol_tools.py. What only the model can check (vocabulary, context window, max_tokens
+ceiling): api/serving/input_checks.py.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from api.protocol_tools import (
+from api.openai.protocol_tools import (
     DeltaToolCall,
     MessageToolCall,
     ResponseFormat,
@@ -218,10 +217,6 @@ class PinRequest(LookupRequest):
 # ---------------------------------------------------------------- responses
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
 def now() -> int:
     return int(time.time())
 
@@ -334,17 +329,6 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class ErrorBody(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorBody
 
 
 _EXTENSIONS = ("prompt_token_ids", "token_ids")

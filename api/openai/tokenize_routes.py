@@ -13,10 +13,10 @@ from pydantic import Field, RootModel
 from api.auth import identify
 from api.chat_template import ChatTemplates, TemplateError
 from api.errors import ApiError, parse_body
-from api.protocol import ChatMessage, _Request, template_message
-from api.protocol_tools import Tools
+from api.openai.protocol import ChatMessage, _Request, template_message
+from api.openai.protocol_tools import Tools
+from api.serving.input_checks import check_model, check_token_ids
 from api.state import ServerState, state_of
-from api.validation import check_model, check_token_ids
 from radixcache.chat_template import ChatPrompt
 
 router = APIRouter()

@@ -1,102 +1,30 @@
-"""A request's output constraints, in the engine's terms: response_format and vLLM's
-structured_outputs -> one Constraint; tool_choice -> a ToolPlan (which parser reads calls out of
-the text, and for `required` / a named function the TaggedJson grammar that forces them);
-logit_bias -> (token id, bias) pairs."""
+"""A chat request's tools in the engine's terms: tool_choice -> a ToolPlan (which parser reads
+calls out of the text, and for `required` / a named function the TaggedJson grammar that forces
+them)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from api.chat_template import ChatTemplates, TemplateError
 from api.errors import ApiError
-from api.protocol import ChatCompletionRequest, CompletionRequest
-from api.protocol_tools import JsonObjectFormat, JsonSchemaFormat, NamedToolChoice
-from api.tool_parsers import PARSERS, HermesParser, Llama3JsonParser, MistralParser, ToolParser
-from engine.structured.constraints import (
-    Choice,
-    Constraint,
-    Grammar,
-    JsonObject,
-    Regex,
-    TaggedJson,
-    canonical_json,
-    json_schema,
+from api.openai.protocol import ChatCompletionRequest
+from api.openai.protocol_tools import NamedToolChoice
+from api.openai.tool_parsers import (
+    PARSERS,
+    HermesParser,
+    Llama3JsonParser,
+    MistralParser,
+    ToolParser,
+    format_of_template,
 )
+from engine.structured.constraints import TaggedJson, canonical_json
+from radixcache.chat_template import ChatPrompt
 
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
-
-
-def output_constraint(req: CompletionRequest | ChatCompletionRequest) -> Constraint | None:
-    fmt, so = req.response_format, req.structured_outputs
-    if fmt is not None and so is not None and not _is_text(fmt):
-        raise ApiError(
-            400, "Give response_format or structured_outputs, not both", param="structured_outputs"
-        )
-    if isinstance(fmt, JsonObjectFormat):
-        return JsonObject()
-    if isinstance(fmt, JsonSchemaFormat):
-        schema = fmt.json_schema.json_schema
-        return JsonObject() if schema is None else json_schema(schema)
-    return None if so is None else _structured_outputs(so)
-
-
-def _is_text(fmt: Any) -> bool:
-    return not isinstance(fmt, JsonObjectFormat | JsonSchemaFormat)
-
-
-def _structured_outputs(so: Any) -> Constraint:
-    given: list[Constraint] = []
-    if so.json_spec is not None:
-        if isinstance(so.json_spec, str):
-            given.append(_schema_text(so.json_spec))
-        else:
-            given.append(json_schema(so.json_spec))
-    if so.regex is not None:
-        given.append(Regex(so.regex))
-    if so.choice is not None:
-        given.append(Choice(tuple(so.choice)))
-    if so.grammar is not None:
-        given.append(Grammar(so.grammar))
-    if so.json_object:
-        given.append(JsonObject())
-    if len(given) != 1:
-        raise ApiError(
-            400,
-            "structured_outputs takes exactly one of json, regex, choice, grammar, json_object",
-            param="structured_outputs",
-        )
-    return given[0]
-
-
-def _schema_text(text: str) -> Constraint:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ApiError(
-            400, f"structured_outputs.json is not JSON: {exc}", param="structured_outputs.json"
-        ) from exc
-    if not isinstance(value, dict | bool):
-        raise ApiError(400, "A JSON schema is an object", param="structured_outputs.json")
-    return json_schema(value)
-
-
-def logit_bias_of(
-    req: CompletionRequest | ChatCompletionRequest, vocab_size: int
-) -> tuple[tuple[int, float], ...]:
-    pairs = []
-    for key, bias in (req.logit_bias or {}).items():
-        if not (key.isascii() and key.isdigit()) or int(key) >= vocab_size:
-            raise ApiError(
-                400,
-                f"logit_bias key {key!r} is not a token id in [0, {vocab_size})",
-                param="logit_bias",
-            )
-        pairs.append((int(key), bias))
-    return tuple(pairs)
-
-
-# ---------------------------------------------------------------- tools
+# formats whose markers are special tokens in their models' vocabularies: kept in the text
+SPECIAL = frozenset({"mistral", "llama3_json"})
 
 
 @dataclass(frozen=True)
@@ -108,6 +36,21 @@ class ToolPlan:
     @property
     def forced(self) -> bool:
         return self.constraint is not None
+
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """The call markers are special tokens: the text keeps them for the parser."""
+        return self.parser is not None and self.parser.name in SPECIAL
+
+
+def tool_format(configured: str | None, templates: ChatTemplates, prompt: ChatPrompt) -> str:
+    """The tool-call format: --tool-call-parser's, else the one the chat template teaches."""
+    if configured is not None:
+        return configured
+    try:
+        return format_of_template(templates.source_for(prompt))
+    except TemplateError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from exc
 
 
 def tool_plan(req: ChatCompletionRequest, fmt: str) -> ToolPlan | None:

@@ -1,5 +1,6 @@
-"""Drives one HTTP request's engine jobs: merges their output streams, observes latencies, and
-aborts whatever is unfinished when the consumer stops (client gone, error, cancellation)."""
+"""Drives one HTTP request's engine jobs: admits them, merges their output streams, observes
+latencies, and aborts whatever is unfinished when the consumer stops (client gone, error,
+cancellation)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 
 from api.errors import ApiError
-from api.metrics import ApiMetrics
+from api.observability.metrics import ApiMetrics
+from api.serving.engine_errors import as_api_error
 from engine.outputs import RequestOutput, RequestResult
 
 if TYPE_CHECKING:
@@ -51,38 +53,27 @@ class Timing:
         self.metrics.e2e.observe(time.perf_counter() - self.arrival)
 
 
+@dataclass
+class RunningJobs:
+    """One HTTP request's admitted jobs: their output streams and the latencies they show."""
+
+    streams: list[RequestStream]
+    timing: Timing
+
+
 _DONE = object()
 
 
-def as_api_error(exc: Exception) -> Exception:
-    """Engine exceptions -> HTTP errors (request too large: 400, overloaded: 429, dead: 503)."""
-    from engine.async_engine import EngineDead, EngineOverloaded
-    from engine.request import RequestTooLarge
-
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, RequestTooLarge):
-        return ApiError(400, str(exc), param="max_tokens", code="kv_capacity_exceeded")
-    if isinstance(exc, EngineOverloaded):
-        return ApiError(429, f"Server is at capacity: {exc}; retry later", code="queue_full")
-    if isinstance(exc, EngineDead):
-        return ApiError(503, f"The engine is unavailable: {exc}", code="engine_unavailable")
-    if isinstance(exc, ValueError):
-        return ApiError(400, str(exc), code="invalid_request")
-    return exc
-
-
-def open_streams(
-    engine: AsyncEngine, jobs: list[GenerateJob], metrics: ApiMetrics
-) -> list[RequestStream]:
+def open_jobs(engine: AsyncEngine, jobs: list[GenerateJob], metrics: ApiMetrics) -> RunningJobs:
     """Admits every job or none, before any response starts (so a full queue is a 429)."""
     try:
-        return engine.open_streams(jobs)
+        streams = engine.open_streams(jobs)
     except Exception as exc:
         err = as_api_error(exc)
         if isinstance(err, ApiError) and err.status == 429:
             metrics.rejected.inc()
         raise err from exc
+    return RunningJobs(streams, Timing(metrics))
 
 
 async def _pump(index: int, stream: RequestStream, queue: asyncio.Queue) -> None:
@@ -94,10 +85,9 @@ async def _pump(index: int, stream: RequestStream, queue: asyncio.Queue) -> None
         queue.put_nowait((index, exc))
 
 
-async def run_jobs(
-    streams: list[RequestStream], timing: Timing
-) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def run_jobs(running: RunningJobs) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Yields (job index, output delta) until every job finished; closing early aborts the rest."""
+    streams = running.streams
     queue: asyncio.Queue = asyncio.Queue()
     tasks = [asyncio.create_task(_pump(i, s, queue)) for i, s in enumerate(streams)]
     pending = set(range(len(streams)))
@@ -109,13 +99,24 @@ async def run_jobs(
             elif isinstance(item, Exception):
                 raise as_api_error(item) from item
             else:
-                timing.observe(index, item)
+                running.timing.observe(index, item)
                 yield index, item
     finally:
         for task in tasks:
             task.cancel()
         for stream in streams:
             await stream.aclose()
+
+
+async def stream_outputs(
+    running: RunningJobs, results: list[RequestResult]
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Job output deltas as they come; `results` folds them (for a closing usage report)."""
+    results[:] = [RequestResult(s.request_id) for s in running.streams]
+    async for index, out in run_jobs(running):
+        results[index].add(out)
+        yield index, out
+    running.timing.finish()
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -127,15 +128,13 @@ class ClientDisconnected(Exception):
     pass
 
 
-async def collect_final(
-    streams: list[RequestStream], timing: Timing, request: Request
-) -> list[RequestResult]:
+async def collect_final(running: RunningJobs, request: Request) -> list[RequestResult]:
     """Every job's whole result; aborts them all if the client disconnects first."""
 
     async def collect() -> list[RequestResult]:
-        results = [RequestResult(s.request_id) for s in streams]
-        async for index, output in run_jobs(streams, timing):
-            results[index].add(output)
+        results: list[RequestResult] = []
+        async for _ in stream_outputs(running, results):
+            pass
         return results
 
     work = asyncio.create_task(collect())

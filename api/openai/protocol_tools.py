@@ -1,6 +1,6 @@
 """Request and response models of tools and structured outputs: `tools`, `tool_choice`, tool calls
 in messages and responses (whole and streamed), `response_format` and vLLM's `structured_outputs`
-extension. Strict and closed like every request model (api/protocol.py)."""
+extension. Strict and closed like every request model (protocol.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Prometheus metrics: a registry per app; engine counters are read at scrape time, latencies are
 observed by the API as tokens reach the client. Names: ours (`radixcache_*`, the default) or, for
-what we share with vLLM, vLLM's (api/metrics_vllm.py), so dashboards made for vLLM read us."""
+what we share with vLLM, vLLM's (metrics_vllm.py), so dashboards made for vLLM read us."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from api import metrics_vllm
-from api.cache_report import layer_types_report
-from api.engine_stats import EngineCounters
-from api.latency import LatencyRecorder
+from api.config import METRIC_NAMES
+from api.observability import metrics_vllm
+from api.observability.engine_stats import EngineCounters
+from api.observability.latency import LatencyRecorder
+from api.observability.pools import layer_types_report
 from engine.spec.stats import SpecStats
 from radixcache.stats import CacheStats
-
-METRIC_NAMES = ("radixcache", "vllm")
 
 PREFIX = "radixcache"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
