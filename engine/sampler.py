@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,6 +23,9 @@ from torch.profiler import record_function
 from engine.sampling import SamplingParams
 from engine.structured.masks import TokenMasks
 
+if TYPE_CHECKING:
+    from engine.request import Sequence
+
 
 @dataclass
 class SampleRow:
@@ -29,6 +33,10 @@ class SampleRow:
     token_ids: array | list[int]  # prompt + output so far
     num_prompt_tokens: int
     generator: torch.Generator | None  # per-request seed; None = the engine's generator
+
+    @classmethod
+    def of(cls, seq: Sequence) -> SampleRow:
+        return cls(seq.params, seq.token_ids, seq.num_prompt_tokens, seq.generator)
 
 
 @dataclass

@@ -90,19 +90,23 @@ class PrefixCache:
     def can_allocate(self, n: int) -> bool:
         return self.pool.num_free() + self.num_evictable_blocks() >= n
 
-    def allocate(self, n: int) -> list[int] | None:
-        """`n` free block ids, evicting (and dropping, see `drop`) LRU leaves when the free list
-        is short.
-
-        A caller that keeps evicted KV (spill tiers) calls `evict` first and spills what it
-        returns; the ids stay unused until the next `allocate`."""
+    def allocate(
+        self, n: int, on_evict: Callable[[list[EvictedBlock]], None] | None = None
+    ) -> list[int] | None:
+        """`n` free block ids, or None when not even eviction frees enough. When the free list
+        is short, the policy's victims are evicted first: handed to `on_evict` (with hashes and
+        tokens, for a caller that keeps evicted KV: spill tiers, events) or dropped (see `drop`).
+        This is the one place that decides when and how much to evict."""
         if n < 0:
             raise ValueError("n must be >= 0")
         short = n - self.pool.num_free()
         if short > 0:
             if short > self.num_evictable_blocks():
                 return None
-            self.drop(short)
+            if on_evict is None:
+                self.drop(short)
+            else:
+                on_evict(self.evict(short))
         return self.pool.take(n)
 
     def free(self, block_ids: Sequence[int]) -> None:

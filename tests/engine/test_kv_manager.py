@@ -37,13 +37,11 @@ def test_siblings_share_the_first_ones_prompt_blocks_without_leaking(caching: bo
     request = Request("r", None, list(range(10, 20)), SamplingParams(n=2), NS)
     first, sibling = _seq(request, 0), _seq(request, 1)
     _admit(manager, first)
-    first.num_computed_tokens = first.num_tokens  # 10 tokens: 2 full blocks + a partial one
-    manager.commit(first)
+    manager.computed(first, first.num_tokens)  # 10 tokens: 2 full blocks + a partial one
     _admit(manager, sibling)  # a cache hit of the first one's full blocks
     assert sibling.num_computed_tokens == 8 and sibling.block_ids[:2] == first.block_ids[:2]
     assert sibling.block_ids[2] != first.block_ids[2]  # each writes its own partial block
-    sibling.num_computed_tokens = sibling.num_tokens
-    manager.commit(sibling)
+    manager.computed(sibling, sibling.num_tokens - sibling.num_computed_tokens)
     cache.check_integrity()
     for seq in (first, sibling):
         seq.status = SequenceStatus.FINISHED
