@@ -85,13 +85,14 @@ class LLMEngine:
         return request
 
     def check_request(self, prompt: Prompt, params: SamplingParams) -> None:
-        """ValueError (RequestTooLarge) when the request can never run; reads constants only,
-        so any thread may call it."""
-        if not prompt.token_ids:
-            raise ValueError("the prompt is empty")
-        if any(t >= self.vocab_size for t, _ in params.logit_bias):
-            raise ValueError(f"logit_bias token ids must be < {self.vocab_size} (the vocabulary)")
-        self.scheduler.check_fits(len(prompt.token_ids), params.max_tokens)
+        """RequestTooLarge when the KV pool can never hold the request; reads constants only,
+        so any thread may call it. The fronts (the API, the offline LLM) refuse bad input
+        before it gets here: what they check is asserted."""
+        num_tokens = len(prompt.token_ids)
+        assert num_tokens > 0, "the prompt is empty"
+        assert num_tokens < self.max_model_len, "the prompt fills the context window"
+        assert all(t < self.vocab_size for t, _ in params.logit_bias), "logit_bias past the vocab"
+        self.scheduler.check_fits(num_tokens, params.max_tokens)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         request = self.requests.pop(request_id, None)

@@ -111,6 +111,17 @@ def test_oversized_request_rejected_clearly(tiny_llama):
     assert ok.outputs[0].finish_reason == "length" and len(ok.outputs[0].token_ids) == 6
 
 
+def test_the_front_refuses_bad_input_before_the_engine_sees_it(tiny_llama):
+    llm = _llm(tiny_llama)
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([_tokens(5, 1), []], GREEDY)  # one bad prompt: none of the batch runs
+    with pytest.raises(ValueError, match="vocabulary"):
+        llm.generate([_tokens(5, 1)], SamplingParams(logit_bias=((10_000, 1.0),)))
+    assert not llm.engine.has_unfinished() and llm.engine.stats.requests_rejected == 0
+    with pytest.raises(AssertionError):  # the engine asserts what the fronts check
+        llm.engine.add_request("r", Prompt([]), GREEDY)
+
+
 def test_seeds_reproducible(tiny_llama):
     llm = _llm(tiny_llama)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=42, ignore_eos=True)

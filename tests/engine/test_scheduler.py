@@ -104,8 +104,8 @@ def test_requests_that_cannot_fit_are_rejected():
     sched.check_fits(10, 6)
     with pytest.raises(RequestTooLarge, match="KV blocks"):
         sched.check_fits(10, 7)
-    with pytest.raises(RequestTooLarge, match="context window"):
-        sched.check_fits(64, 1)
+    with pytest.raises(RequestTooLarge, match="KV blocks"):
+        sched.check_fits(63, 1)
 
 
 def test_shared_prefix_in_flight_is_computed_once():
