@@ -72,7 +72,7 @@ class PrefixCache:
         mrc = None
         if mrc_sample_rate is not None:
             mrc = MissRatioCurve(mrc_sample_rate, max_blocks=int(max(DEFAULT_RATIOS) * num_blocks))
-        self.tree = RadixTree(block_size, policy, hash_fn, mrc)
+        self.tree = RadixTree(block_size, policy, self.pool, hash_fn, mrc)
         self.pins = PinRegistry(self.tree, self.max_pinned_blocks)
         self._ns_stats: dict[Namespace, NamespaceStats] = {}
         self.windows = windows
@@ -225,29 +225,21 @@ class PrefixCache:
         return victims
 
     def hashes_of(self, handle: NodeHandle) -> list[int]:
-        out: list[int] = []
-        if handle.parent is not None:
-            self.tree.hash_path(handle)
-        for node in handle.path():
-            out += node.hashes  # type: ignore[arg-type]
-        return out
+        """The chained hashes of the blocks on the path to `handle`."""
+        return self.tree.path_hashes(handle)
 
     def block_hashes_of(self, block_ids: Sequence[int]) -> list[int]:
         """The chained hashes of cached blocks."""
-        tree = self.tree
-        tree.hash_all()  # then `owner` maps every cached block to its node
-        return [tree.hash_of_block(tree.owner[b], b) for b in block_ids]
+        return self.tree.block_hashes(block_ids)
 
     def lookup_hash(self, ns: Namespace, block_hash: int, tokens: Sequence[int]) -> int | None:
         """Cached block id of `block_hash` whose stored tokens equal `tokens` (collision guard)."""
-        self.tree.hash_all()  # the index then holds every cached block
-        b = self.tree.hash_index.get(block_hash)
+        self.tree.hash_all()  # the pool's index then holds every cached block
+        b = self.pool.cached_block(block_hash)
         if b is None:
             return None
-        node = self.tree.owner[b]
-        i = node.blocks.index(b) * self.block_size
-        same = node.tokens[i : i + self.block_size] == _as_tokens(tokens)
-        return b if same and node.ns == ns else None
+        owner_ns, stored = self.tree.block_tokens(b)
+        return b if owner_ns == ns and stored == _as_tokens(tokens) else None
 
     # --- pinning ---
     def pin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
@@ -288,7 +280,7 @@ class PrefixCache:
             pinned=tree.num_held - tree.num_locked,
             cached=cached,
             policy=tree.policy.name,
-            hash_collisions=tree.collisions,
+            hash_collisions=self.pool.hash_collisions,
             namespaces={ns: NamespaceStats(**vars(s)) for ns, s in self._ns_stats.items()},
             miss_ratio_curve=self.miss_ratio_curve(),
             windows=self._window_stats(),
