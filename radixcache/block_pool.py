@@ -142,7 +142,7 @@ class BlockPool:
         """Where `block_ids` sit in `state`: a slice when they are a run of consecutive ids
         (what take() hands out from a fresh pool or a freed run; one memcmp tells), else an
         intp index array. Packed by struct as unsigned 64-bit ints (a negative id raises;
-        ~1.5x faster than np.fromiter), viewed as intp (a uintp index costs a cast per use)."""
+        faster than np.fromiter), viewed as intp (a uintp index costs a cast per use)."""
         try:
             packed = struct.pack(f"{len(block_ids)}Q", *block_ids)
         except struct.error:
