@@ -98,15 +98,12 @@ def test_consumer_leaving_early_aborts(engine):
     assert snap.totals.requests_aborted == 1 and snap.cache.referenced == 0
 
 
+def _config(tiny_llama, **settings) -> EngineConfig:
+    return EngineConfig(model=str(tiny_llama), dtype="float32", block_size=4, **settings)
+
+
 def test_bounded_queue_and_rejections(tiny_llama):
-    config = EngineConfig(
-        model=str(tiny_llama),
-        dtype="float32",
-        block_size=4,
-        num_blocks=100,
-        max_num_seqs=1,
-        max_waiting_requests=1,
-    )
+    config = _config(tiny_llama, num_blocks=100, max_num_seqs=1, max_waiting_requests=1)
     engine = AsyncEngine(config)
     engine.start()
     long = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
@@ -132,14 +129,7 @@ def test_bounded_queue_and_rejections(tiny_llama):
 
 
 def test_in_flight_cap_is_the_engines_room_or_the_callers_lower_one(tiny_llama):
-    config = EngineConfig(
-        model=str(tiny_llama),
-        dtype="float32",
-        block_size=4,
-        num_blocks=64,
-        max_num_seqs=3,
-        max_waiting_requests=5,
-    )
+    config = _config(tiny_llama, num_blocks=64, max_num_seqs=3, max_waiting_requests=5)
     shared = LLMEngine(config)
     try:
         assert AsyncEngine(config, shared).max_in_flight == 8
