@@ -91,7 +91,7 @@ def bench_one(args: argparse.Namespace, name: str, batch: int, mode: str, tok: A
     )
     w = build(name, tok, vocab, num_prompts(args, batch), args.max_tokens, args.gsp_groups)
     seconds, tokens, outputs = run_waves(llm, w, mode.endswith(REVERSED))
-    llm.engine.prefix_cache.check_integrity()
+    llm.engine.kv.cache.check_integrity()
     spec = llm.engine.stats.spec
     llm.engine.close()
     del llm

@@ -160,7 +160,7 @@ def bench_bandwidth(server: RedisServer, num_blocks: int, repeats: int) -> list[
 # --- engine helpers ---
 def tier_store(llm: LLM) -> TieredStore | None:
     """The TieredStore the engine built from its TierConfig."""
-    bridge = llm.engine.tiers
+    bridge = llm.engine.kv.tiers
     return None if bridge is None else bridge.store
 
 

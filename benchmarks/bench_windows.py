@@ -92,7 +92,7 @@ def kept_engine(args: argparse.Namespace, memory: int) -> LLMEngine:
 
 def block_bytes(engine: LLMEngine) -> tuple[int, int]:
     """Bytes of one block in the full-attention pool and in the sliding-window one."""
-    kv = engine.kv_cache
+    kv = engine.kv.kv_cache
     full = kv.tensor[:, :, 0].numel() * kv.tensor.element_size()
     if not isinstance(kv, HybridKVCache):
         return full, 0

@@ -38,7 +38,7 @@ def _flush(llm: LLM) -> None:
         engine.admin(Flush())
     else:  # before the typed admin path
         engine.flush()
-    assert engine.tiers.store.wait_idle(600)
+    assert engine.kv.tiers.store.wait_idle(600)
 
 
 def _pct(values: list[float], q: float) -> float:

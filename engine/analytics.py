@@ -7,10 +7,9 @@ from typing import TYPE_CHECKING
 from engine.stats import EngineSnapshot
 
 if TYPE_CHECKING:
-    from engine.kv.tiers import KVTiers
+    from engine.kv import KVCacheManager
     from engine.scheduler import Scheduler
     from engine.stats import EngineStats
-    from radixcache.prefix_cache import PrefixCache
 
 
 class CacheAnalytics:
@@ -18,13 +17,11 @@ class CacheAnalytics:
         self,
         stats: EngineStats,
         scheduler: Scheduler,
-        prefix_cache: PrefixCache,
-        tiers: KVTiers | None,
+        kv: KVCacheManager,
     ) -> None:
         self.stats = stats
         self.scheduler = scheduler
-        self.prefix_cache = prefix_cache
-        self.tiers = tiers
+        self.kv = kv
 
     def snapshot(self) -> EngineSnapshot:
         return EngineSnapshot(
@@ -33,6 +30,6 @@ class CacheAnalytics:
             waiting=len(self.scheduler.waiting)
             + len(self.scheduler.loading)
             + len(self.scheduler.ready),
-            cache=self.prefix_cache.stats(),
-            tiers=None if self.tiers is None else self.tiers.store.stats(),
+            cache=self.kv.stats(),
+            tiers=self.kv.tier_stats(),
         )

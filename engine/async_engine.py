@@ -110,12 +110,17 @@ class RequestStream:
 
 class AsyncEngine:
     def __init__(
-        self, config: EngineConfig, engine: LLMEngine | None = None, max_in_flight: int = 0
+        self,
+        config: EngineConfig,
+        engine: LLMEngine | None = None,
+        max_in_flight: int | None = None,
     ) -> None:
-        """`max_in_flight`: requests running or waiting (0: max_num_seqs + max_waiting_requests)."""
+        """Requests in flight (running or waiting) are capped at what the engine can hold,
+        max_num_seqs + max_waiting_requests, or at `max_in_flight` when that is lower."""
         self.config = config
         self.engine = engine if engine is not None else LLMEngine(config)
-        self.max_in_flight = max_in_flight or config.max_num_seqs + config.max_waiting_requests
+        cap = config.max_num_seqs + config.max_waiting_requests
+        self.max_in_flight = cap if max_in_flight is None else min(max_in_flight, cap)
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}
         self._lock = threading.Lock()  # guards _streams (event loop threads and engine thread)
@@ -142,7 +147,7 @@ class AsyncEngine:
     @property
     def kv_events(self) -> ZmqEventPublisher | None:
         """The KV-events publisher (its counters are thread-safe reads), None when off."""
-        return self.engine.kv_events
+        return self.engine.kv.publisher
 
     @property
     def num_parameters(self) -> int:
@@ -174,8 +179,9 @@ class AsyncEngine:
 
     # --- requests (call from an event loop) ---
     def open_streams(self, jobs: list[GenerateJob]) -> list[RequestStream]:
-        """Admits all jobs or none: raises EngineDead, RequestTooLarge (or ValueError for an empty
-        prompt or a duplicate id), EngineOverloaded, in that order."""
+        """Admits all jobs or none: raises EngineDead, RequestTooLarge (the KV pool cannot hold
+        one), EngineOverloaded, ValueError (a duplicate id), in that order. The jobs' input was
+        checked by the caller (the API refuses bad requests before)."""
         if not self.is_running:
             raise EngineDead("the engine is not running") from self._error
         for job in jobs:

@@ -26,7 +26,7 @@ def torch_dtype(name: str) -> torch.dtype:
 
 AUTO = "auto"
 # CPU features that make bf16 matmuls faster than float32 (native bf16 dot products). Without them
-# oneDNN converts bf16 around float32 kernels: measured ~7x slower than float32 on an AVX2 EPYC.
+# oneDNN converts bf16 around float32 kernels, much slower than float32 itself.
 FAST_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 

@@ -1,4 +1,5 @@
-"""The composition root: builds every part of an engine from its config, complete, in order."""
+"""The composition root: builds every part of an engine from its config, complete, in order.
+LLMEngine only wires the step from these parts; nothing else constructs one."""
 
 from __future__ import annotations
 
@@ -8,15 +9,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engine.analytics import CacheAnalytics
 from engine.dtypes import resolve_dtype
 from engine.hybrid_kv_cache import HybridKVCache, KVGroups
 from engine.kv import KVCacheManager, NoPrefixCacheManager
+from engine.kv.admin import CacheAdmin
 from engine.kv.tiers import KVTiers
 from engine.kv_cache import DTYPES, KVCache
 from engine.kv_events import KVEventSink, ZmqEventPublisher
 from engine.model_runner import ModelRunner
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler
+from engine.spec.speculator import Speculator, build_speculator
+from engine.stats import EngineStats
+from engine.stop_checker import StopChecker
+from engine.structured.compiler import GrammarCompiler
+from engine.structured.guide import Guide
 from radixcache.hashing import Namespace
 from radixcache.prefix_cache import PrefixCache
 from radixcache.window_blocks import WindowBlocks
@@ -31,15 +39,19 @@ class EngineParts:
     model: torch.nn.Module
     tokenizer: Any  # engine.loader.tokenizer.Tokenizer
     max_model_len: int
+    vocab_size: int
     namespace: Namespace
-    kv_cache: KVCache
-    prefix_cache: PrefixCache
-    tiers: KVTiers | None
-    kv_events: ZmqEventPublisher | None
-    kv: KVCacheManager
+    kv: KVCacheManager  # the one door to the KV pools, the prefix cache, tiers and events
     scheduler: Scheduler
     runner: ModelRunner
     sampler: Sampler
+    stop: StopChecker
+    grammars: GrammarCompiler
+    guide: Guide
+    stats: EngineStats
+    analytics: CacheAnalytics
+    admin: CacheAdmin
+    speculator: Speculator | None
 
 
 def build_parts(config: EngineConfig) -> EngineParts:
@@ -77,6 +89,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
             kv_cache,
             tiers=tiers,
             listeners=listeners,
+            publisher=publisher,
             release_window_blocks=config.release_window_blocks,
         )
     else:
@@ -87,22 +100,34 @@ def build_parts(config: EngineConfig) -> EngineParts:
         config.max_num_batched_tokens,
         max_model_len,
     )
+    tokenizer = load_tokenizer(path)
+    namespace = Namespace(
+        model_id=model.model_id, kv_dtype=dtype_name, block_size=config.block_size
+    )
+    grammars = GrammarCompiler(
+        tokenizer.backend.to_str,  # read on the first constraint only
+        mc.vocab_size,
+        list(tokenizer.eos_token_ids),
+    )
+    stats = EngineStats()
     return EngineParts(
         model_path=path,
         model=model,
-        tokenizer=load_tokenizer(path),
+        tokenizer=tokenizer,
         max_model_len=max_model_len,
-        namespace=Namespace(
-            model_id=model.model_id, kv_dtype=dtype_name, block_size=config.block_size
-        ),
-        kv_cache=kv_cache,
-        prefix_cache=prefix_cache,
-        tiers=tiers,
-        kv_events=publisher,
+        vocab_size=mc.vocab_size,
+        namespace=namespace,
         kv=kv,
         scheduler=scheduler,
         runner=ModelRunner(model, kv_cache, device),
         sampler=Sampler(config.seed),
+        stop=StopChecker(set(tokenizer.eos_token_ids), max_model_len),
+        grammars=grammars,
+        guide=Guide(grammars, mc.vocab_size),
+        stats=stats,
+        analytics=CacheAnalytics(stats, scheduler, kv),
+        admin=CacheAdmin(kv, namespace, scheduler.holders),
+        speculator=build_speculator(config, kv, max_model_len, stats.spec),
     )
 
 

@@ -1,4 +1,7 @@
-"""Offline API: LLM(model).generate(prompts, params) and .chat(messages, params)."""
+"""Offline API: LLM(model).generate(prompts, params) and .chat(messages, params).
+
+A front of its own: it refuses its callers' bad input (ValueError) before the engine sees it,
+as the API does for its requests."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestResult
-from engine.request import Prompt
+from engine.request import Prompt, RequestTooLarge
 from engine.sampling import SamplingParams
 
 PromptInput = str | list[int]
@@ -40,11 +43,14 @@ class LLM:
             param_list = list(params)
             if len(param_list) != len(batch):
                 raise ValueError("give one SamplingParams or one per prompt")
+        tokenized = [self._tokenize(prompt) for prompt in batch]
+        for prompt, p in zip(tokenized, param_list, strict=True):
+            self._check(prompt, p)
         results: dict[str, RequestResult] = {}
         try:
-            for prompt, p in zip(batch, param_list, strict=True):
+            for prompt, p in zip(tokenized, param_list, strict=True):
                 request_id = f"offline-{next(self._ids)}"
-                self.engine.add_request(request_id, self._tokenize(prompt), p, cache_salt)
+                self.engine.add_request(request_id, prompt, p, cache_salt)
                 results[request_id] = RequestResult(request_id)
         except Exception:  # one bad prompt: run none of the batch
             for request_id in results:
@@ -56,6 +62,19 @@ class LLM:
                 results[out.request_id].add(out)
                 unfinished -= out.finished
         return list(results.values())
+
+    def _check(self, prompt: Prompt, params: SamplingParams) -> None:
+        """ValueError (RequestTooLarge past the context window) for input the engine refuses."""
+        num_tokens, engine = len(prompt.token_ids), self.engine
+        if num_tokens == 0:
+            raise ValueError("the prompt is empty")
+        if num_tokens >= engine.max_model_len:
+            raise RequestTooLarge(
+                f"prompt has {num_tokens} tokens; the context window is "
+                f"{engine.max_model_len} (at least one token must be generated)"
+            )
+        if any(t >= engine.vocab_size for t, _ in params.logit_bias):
+            raise ValueError(f"logit_bias token ids must be < {engine.vocab_size} (the vocabulary)")
 
     def _tokenize(self, prompt: PromptInput) -> Prompt:
         if isinstance(prompt, str):

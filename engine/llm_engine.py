@@ -11,25 +11,20 @@ from typing import TypeVar
 
 import torch
 
-from engine.analytics import CacheAnalytics
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.factory import build_parts
-from engine.kv.admin import AdminOp, CacheAdmin
+from engine.kv.admin import AdminOp
 from engine.model_runner import ForwardResult
 from engine.outputs import RequestOutput, request_output
 from engine.request import Prompt, Request, Sequence, token_array
 from engine.sampler import SamplerOutput, SampleRow
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledBatch
-from engine.spec.speculator import Drafted, build_speculator
-from engine.stats import EngineSnapshot, EngineStats, StepStats
-from engine.stop_checker import StopChecker
-from engine.structured.compiler import GrammarCompiler
-from engine.structured.guide import Guide
+from engine.spec.speculator import Drafted
+from engine.stats import EngineSnapshot, StepStats
 from engine.structured.masks import TokenMasks
 from engine.structured.matcher import SequenceMatcher
-from radixcache.hashing import Namespace
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,44 +38,29 @@ class LLMEngine:
         self.model_name = parts.model_path.name
         self.tokenizer = parts.tokenizer
         self.max_model_len = parts.max_model_len
+        self.vocab_size = parts.vocab_size
         self.namespace = parts.namespace
-        self.kv_cache = parts.kv_cache
-        self.prefix_cache = parts.prefix_cache
-        self.tiers = parts.tiers
-        self.kv_events = parts.kv_events
-        self.kv = parts.kv
-        self.cache_admin = CacheAdmin(parts.kv, self.namespace_for, parts.scheduler.holders)
+        self.kv = parts.kv  # the one door to the KV subsystem
         self.scheduler = parts.scheduler
         self.runner = parts.runner
         self.sampler = parts.sampler
-        self.stop = StopChecker(set(self.tokenizer.eos_token_ids), self.max_model_len)
-        self.grammars = GrammarCompiler(
-            self.tokenizer.backend.to_str,  # read on the first constraint only
-            parts.model.config.vocab_size,
-            list(self.tokenizer.eos_token_ids),
-        )
-        self.guide = Guide(self.grammars, parts.model.config.vocab_size)
-        self.vocab_size = parts.model.config.vocab_size
+        self.stop = parts.stop
+        self.grammars = parts.grammars
+        self.guide = parts.guide
+        self.stats = parts.stats
+        self.analytics = parts.analytics
+        self.cache_admin = parts.admin
+        self.speculator = parts.speculator
         self.requests: dict[str, Request] = {}
-        self.stats = EngineStats()
-        self.analytics = CacheAnalytics(self.stats, self.scheduler, self.prefix_cache, self.tiers)
-        self.speculator = build_speculator(config, parts, self.stats.spec)
         self.load_poll_s = 0.005  # an idle step waits this long for a spill-tier load at most
 
     def close(self) -> None:
         """Finishes queued tier writes, stops the tier threads and frees the KV pools (the
         engine cannot step after this)."""
-        if self.tiers is not None:
-            self.tiers.close()
-        if self.kv_events is not None:
-            self.kv_events.close()
+        self.kv.close()
         self.guide.close()
-        self.kv_cache.release()
 
     # --- requests ---
-    def namespace_for(self, cache_salt: str = "") -> Namespace:
-        return self.namespace.with_salt(cache_salt) if cache_salt else self.namespace
-
     def add_request(
         self, request_id: str, prompt: Prompt, params: SamplingParams, cache_salt: str = ""
     ) -> Request:
@@ -93,7 +73,7 @@ class LLMEngine:
             self.stats.requests_rejected += 1
             raise
         request = Request(
-            request_id, prompt.text, prompt.token_ids, params, self.namespace_for(cache_salt)
+            request_id, prompt.text, prompt.token_ids, params, self.namespace.with_salt(cache_salt)
         )
         tokens = token_array(prompt.token_ids)
         # n samples are n sequences; the scheduler admits the siblings once the first one's
@@ -105,13 +85,14 @@ class LLMEngine:
         return request
 
     def check_request(self, prompt: Prompt, params: SamplingParams) -> None:
-        """ValueError (RequestTooLarge) when the request can never run; reads constants only,
-        so any thread may call it."""
-        if not prompt.token_ids:
-            raise ValueError("the prompt is empty")
-        if any(t >= self.vocab_size for t, _ in params.logit_bias):
-            raise ValueError(f"logit_bias token ids must be < {self.vocab_size} (the vocabulary)")
-        self.scheduler.check_fits(len(prompt.token_ids), params.max_tokens)
+        """RequestTooLarge when the KV pool can never hold the request; reads constants only,
+        so any thread may call it. The fronts (the API, the offline LLM) refuse bad input
+        before it gets here: what they check is asserted."""
+        num_tokens = len(prompt.token_ids)
+        assert num_tokens > 0, "the prompt is empty"
+        assert num_tokens < self.max_model_len, "the prompt fills the context window"
+        assert all(t < self.vocab_size for t, _ in params.logit_bias), "logit_bias past the vocab"
+        self.scheduler.check_fits(num_tokens, params.max_tokens)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         request = self.requests.pop(request_id, None)
@@ -145,7 +126,7 @@ class LLMEngine:
             result = self.runner.execute(batch)
         finally:
             self.guide.join()  # before a sampled token advances a matcher
-        self._commit(batch)
+        self._computed(batch)
         rows, logits, drafted = self._sampling_rows(batch, result)
         t1 = time.perf_counter()
         rows, logits, masks, dead = self.guide.select(rows, logits)
@@ -163,11 +144,12 @@ class LLMEngine:
             self.speculator.record_step(rows, stats.step_time)
         return outputs
 
-    def _commit(self, batch: ScheduledBatch) -> None:
-        """The step computed these tokens' KV: full blocks go to the tree."""
-        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            seq.num_computed_tokens += n
-            self.kv.commit(seq)
+    def _computed(self, batch: ScheduledBatch) -> None:
+        """The step computed these chunks' KV (a sequence that ran a draft is told after its
+        verification, with the draft tokens it accepted)."""
+        for b, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
+            if b not in batch.drafts:
+                self.kv.computed(seq, n)
 
     def _sampling_rows(
         self, batch: ScheduledBatch, result: ForwardResult
@@ -198,10 +180,9 @@ class LLMEngine:
         assert self.speculator is not None
         verified = self.speculator.verify(drafted, self.sampler, self._emit)
         for v in verified:
-            # [0, computed + accepted): KV of real tokens; the rest of the draft's is dropped
-            v.seq.num_computed_tokens += v.accepted
-            self.kv.trim(v.seq)
-            self.kv.commit(v.seq)
+            # a draft follows a one-token decode chunk: that token and the accepted draft
+            # tokens are computed; the rest of the draft is dropped
+            self.kv.computed(v.seq, 1 + v.accepted)
             if v.reason is not None:
                 self._finish(v.seq, v.reason)
         return [v.seq for v in verified]
@@ -211,7 +192,7 @@ class LLMEngine:
     ) -> SamplerOutput:
         if not rows:
             return SamplerOutput([], None, None)
-        return self.sampler(logits, [self._sample_row(s) for s in rows], masks)
+        return self.sampler(logits, [SampleRow.of(s) for s in rows], masks)
 
     def _postprocess(
         self, rows: list[Sequence], sampled: SamplerOutput, others: list[Sequence]
@@ -304,10 +285,6 @@ class LLMEngine:
         seq.matcher = matcher
         request.seqs.append(seq)
         return seq
-
-    @staticmethod
-    def _sample_row(seq: Sequence) -> SampleRow:
-        return SampleRow(seq.params, seq.token_ids, seq.num_prompt_tokens, seq.generator)
 
     # --- cache analytics and administration ---
     def snapshot(self) -> EngineSnapshot:

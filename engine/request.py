@@ -52,8 +52,8 @@ _seq_counter = itertools.count()
 
 def token_array(token_ids: list[int] | array) -> array:
     """Token ids as array("q"), the engine's and the prefix index's one type: the index compares
-    token runs as memory and hashes them without an int per token. (Packing through struct is
-    2-3x faster than array("q", list).)"""
+    token runs as memory and hashes them without an int per token. (Packed through struct,
+    which is faster than array("q", list).)"""
     if type(token_ids) is array:
         return token_ids[:]  # a copy
     return array("q", struct.pack(f"{len(token_ids)}q", *token_ids))

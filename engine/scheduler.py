@@ -54,11 +54,8 @@ class Scheduler:
 
     # --- queues ---
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
-        if num_prompt_tokens >= self.max_model_len:
-            raise RequestTooLarge(
-                f"prompt has {num_prompt_tokens} tokens; the context window is "
-                f"{self.max_model_len} (at least one token must be generated)"
-            )
+        """RequestTooLarge when the KV pool cannot hold the request even alone (the prompt is
+        within the context window: the fronts check that)."""
         total = min(num_prompt_tokens + max_tokens, self.max_model_len)
         bs = self.kv.block_size
         needed = blocks_for(total, bs)

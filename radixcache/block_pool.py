@@ -1,8 +1,9 @@
-"""Refcounted block ids 0..num_blocks-1 and the free list."""
+"""Refcounted block ids 0..num_blocks-1, the free list, and the hash index of cached blocks."""
 
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -24,6 +25,10 @@ class BlockPool:
     One int32 per block holds both: private references + OWNED while the tree owns it. A numpy
     array, so that a run of blocks (a whole prompt at block size 1) changes state in a few
     vector operations instead of a Python step per block.
+
+    The hash index maps a cached block's chained hash to its id. It holds exactly the blocks the
+    tree has hashed (hashes are lazy: the tree indexes a node's blocks when it hashes them and
+    unindexes them when it evicts them); on a collision the first block keeps the entry.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -36,6 +41,32 @@ class BlockPool:
         self._order = np.frombuffer(self._order_bytes, dtype=np.intp)
         self._free = list(range(num_blocks - 1, -1, -1))
         self._num_private = 0
+        self.hash_index: dict[int, int] = {}  # chained block hash -> block id (hashed blocks)
+        self.hash_collisions = 0
+
+    # --- hash index ---
+    def cached_block(self, block_hash: int) -> int | None:
+        """The cached block indexed under `block_hash` (hashed blocks only)."""
+        return self.hash_index.get(block_hash)
+
+    def index_hashes(self, block_ids: Sequence[int], hashes: Sequence[int]) -> None:
+        """Indexes newly hashed cached blocks."""
+        index = self.hash_index
+        if index.keys().isdisjoint(hashes):
+            index.update(zip(hashes, block_ids, strict=True))
+            return
+        for b, h in zip(block_ids, hashes, strict=True):
+            self.hash_collisions += index.setdefault(h, b) != b
+
+    def unindex_hashes(self, block_ids: Sequence[int], hashes: Sequence[int]) -> None:
+        """Drops evicted blocks from the index (an entry another block holds stays)."""
+        index = self.hash_index
+        if not self.hash_collisions:  # every hash maps to its own block: pop them in C
+            deque(map(index.pop, hashes), maxlen=0)
+            return
+        for b, h in zip(block_ids, hashes, strict=True):
+            if index.get(h) == b:
+                del index[h]
 
     def refcount(self, block_id: int) -> int:
         return int(self.state[block_id]) % OWNED
@@ -111,7 +142,7 @@ class BlockPool:
         """Where `block_ids` sit in `state`: a slice when they are a run of consecutive ids
         (what take() hands out from a fresh pool or a freed run; one memcmp tells), else an
         intp index array. Packed by struct as unsigned 64-bit ints (a negative id raises;
-        ~1.5x faster than np.fromiter), viewed as intp (a uintp index costs a cast per use)."""
+        faster than np.fromiter), viewed as intp (a uintp index costs a cast per use)."""
         try:
             packed = struct.pack(f"{len(block_ids)}Q", *block_ids)
         except struct.error:

@@ -51,7 +51,8 @@ class Namespace:
         return f"{self.seed:016x}"
 
     def with_salt(self, salt: str) -> Namespace:
-        return dataclasses.replace(self, cache_salt=salt)
+        """This namespace for a tenant's cache_salt (itself when the salt is its own)."""
+        return self if salt == self.cache_salt else dataclasses.replace(self, cache_salt=salt)
 
 
 def token_bytes(tokens: Sequence[int] | np.ndarray | array) -> bytes:

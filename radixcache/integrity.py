@@ -114,16 +114,16 @@ def _check_units(cache: CacheParts) -> None:
 
 
 def _check_hash_index(cache: CacheParts, nodes: list[Node]) -> None:
-    tree = cache.tree
+    tree, index = cache.tree, cache.pool.hash_index
     hash_of, owner = {}, {}
     for node in nodes:
         if node.hashes is not None:
             hash_of.update(zip(node.blocks, node.hashes, strict=True))
             owner.update(dict.fromkeys(node.blocks, node))
-    for h, b in tree.hash_index.items():
+    for h, b in index.items():
         _require(hash_of.get(b) == h, f"hash index entry {h:x} -> {b} is not a hashed block")
     for b, h in hash_of.items():
-        _require(h in tree.hash_index, f"hashed block {b} is missing from the hash index")
+        _require(h in index, f"hashed block {b} is missing from the hash index")
     _require(tree.owner == owner, "owner map differs from the hashed blocks' nodes")
     live = {id(n) for n in nodes}
     _require(all(id(n) in live for n in tree.unhashed.values()), "an evicted node is unhashed")

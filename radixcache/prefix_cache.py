@@ -39,7 +39,7 @@ def _as_tokens(tokens: Sequence[int] | np.ndarray) -> Tokens:
         out = array("q")
         out.frombytes(tokens.astype(np.int64, copy=False).tobytes())
         return out
-    return array("q", struct.pack(f"{len(tokens)}q", *tokens))  # 2-3x array("q", list)
+    return array("q", struct.pack(f"{len(tokens)}q", *tokens))  # faster than array("q", list)
 
 
 class PrefixCache:
@@ -72,7 +72,7 @@ class PrefixCache:
         mrc = None
         if mrc_sample_rate is not None:
             mrc = MissRatioCurve(mrc_sample_rate, max_blocks=int(max(DEFAULT_RATIOS) * num_blocks))
-        self.tree = RadixTree(block_size, policy, hash_fn, mrc)
+        self.tree = RadixTree(block_size, policy, self.pool, hash_fn, mrc)
         self.pins = PinRegistry(self.tree, self.max_pinned_blocks)
         self._ns_stats: dict[Namespace, NamespaceStats] = {}
         self.windows = windows
@@ -90,19 +90,23 @@ class PrefixCache:
     def can_allocate(self, n: int) -> bool:
         return self.pool.num_free() + self.num_evictable_blocks() >= n
 
-    def allocate(self, n: int) -> list[int] | None:
-        """`n` free block ids, evicting (and dropping, see `drop`) LRU leaves when the free list
-        is short.
-
-        A caller that keeps evicted KV (spill tiers) calls `evict` first and spills what it
-        returns; the ids stay unused until the next `allocate`."""
+    def allocate(
+        self, n: int, on_evict: Callable[[list[EvictedBlock]], None] | None = None
+    ) -> list[int] | None:
+        """`n` free block ids, or None when not even eviction frees enough. When the free list
+        is short, the policy's victims are evicted first: handed to `on_evict` (with hashes and
+        tokens, for a caller that keeps evicted KV: spill tiers, events) or dropped (see `drop`).
+        This is the one place that decides when and how much to evict."""
         if n < 0:
             raise ValueError("n must be >= 0")
         short = n - self.pool.num_free()
         if short > 0:
             if short > self.num_evictable_blocks():
                 return None
-            self.drop(short)
+            if on_evict is None:
+                self.drop(short)
+            else:
+                on_evict(self.evict(short))
         return self.pool.take(n)
 
     def free(self, block_ids: Sequence[int]) -> None:
@@ -221,29 +225,21 @@ class PrefixCache:
         return victims
 
     def hashes_of(self, handle: NodeHandle) -> list[int]:
-        out: list[int] = []
-        if handle.parent is not None:
-            self.tree.hash_path(handle)
-        for node in handle.path():
-            out += node.hashes  # type: ignore[arg-type]
-        return out
+        """The chained hashes of the blocks on the path to `handle`."""
+        return self.tree.path_hashes(handle)
 
     def block_hashes_of(self, block_ids: Sequence[int]) -> list[int]:
         """The chained hashes of cached blocks."""
-        tree = self.tree
-        tree.hash_all()  # then `owner` maps every cached block to its node
-        return [tree.hash_of_block(tree.owner[b], b) for b in block_ids]
+        return self.tree.block_hashes(block_ids)
 
     def lookup_hash(self, ns: Namespace, block_hash: int, tokens: Sequence[int]) -> int | None:
         """Cached block id of `block_hash` whose stored tokens equal `tokens` (collision guard)."""
-        self.tree.hash_all()  # the index then holds every cached block
-        b = self.tree.hash_index.get(block_hash)
+        self.tree.hash_all()  # the pool's index then holds every cached block
+        b = self.pool.cached_block(block_hash)
         if b is None:
             return None
-        node = self.tree.owner[b]
-        i = node.blocks.index(b) * self.block_size
-        same = node.tokens[i : i + self.block_size] == _as_tokens(tokens)
-        return b if same and node.ns == ns else None
+        owner_ns, stored = self.tree.block_tokens(b)
+        return b if owner_ns == ns and stored == _as_tokens(tokens) else None
 
     # --- pinning ---
     def pin(self, ns: Namespace, tokens: Sequence[int] | np.ndarray) -> int:
@@ -284,7 +280,7 @@ class PrefixCache:
             pinned=tree.num_held - tree.num_locked,
             cached=cached,
             policy=tree.policy.name,
-            hash_collisions=tree.collisions,
+            hash_collisions=self.pool.hash_collisions,
             namespaces={ns: NamespaceStats(**vars(s)) for ns, s in self._ns_stats.items()},
             miss_ratio_curve=self.miss_ratio_curve(),
             windows=self._window_stats(),

@@ -84,10 +84,6 @@ class Node:
         self.set_key: tuple[float, int] | None = None
 
     @property
-    def is_root(self) -> bool:
-        return self.parent is None
-
-    @property
     def evict_prio(self) -> float:
         """The priority of the block eviction takes next (the tail)."""
         return self.prio if self.tail_prio is None else self.tail_prio

@@ -4,9 +4,9 @@ A node holds its run of blocks as a list of block ids and an array("q") of token
 splitting and cutting cost C-level slices and memory compares, not a Python step per block.
 Token ids reach the tree as array("q") (PrefixCache converts anything else once, at its door). Chained block hashes are
 computed lazily, once per block (`hash_path`): only blocks that are spilled, published, looked
-up by hash, or read by a policy that keys on hashes need one. The hash index (hash -> block id)
-and `owner` (block id -> node) hold exactly the hashed blocks; a hashed node's ancestors are
-hashed too, so every hash chains from the namespace root.
+up by hash, or read by a policy that keys on hashes need one. The block pool's hash index
+(hash -> block id) and the tree's `owner` (block id -> node) hold exactly the hashed blocks; a
+hashed node's ancestors are hashed too, so every hash chains from the namespace root.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
+from radixcache.block_pool import BlockPool
 from radixcache.hashing import Namespace, block_hashes
 from radixcache.mrc import MissRatioCurve, unit_blocks, unit_keys
 from radixcache.policy import EvictionPolicy
@@ -72,18 +73,20 @@ class RadixTree:
         self,
         block_size: int,
         policy: EvictionPolicy,
+        pool: BlockPool,
         hash_fn: HashFn = block_hashes,
         mrc: MissRatioCurve | None = None,
     ) -> None:
+        """`pool`: the block pool whose hash index the tree keeps (it hashes the blocks)."""
         self.block_size = block_size
         self.policy = policy
+        self.pool = pool
         self.mrc = mrc
         self.hash_fn = hash_fn
         self.hash_on_insert = getattr(policy, "uses_hashes", True)
         self.unit = unit_blocks(mrc.rate, block_size) if mrc is not None else 1
         self.unit_threshold = mrc.unit_threshold(self.unit) if mrc is not None else 0
         self.roots: dict[Namespace, Node] = {}
-        self.hash_index: dict[int, int] = {}  # chained block hash -> block id (hashed blocks)
         self.owner: dict[int, Node] = {}  # hashed block id -> node holding it
         self.unhashed: dict[int, Node] = {}  # node id -> node not hashed yet
         # (evict_prio, node id) of unreferenced, unpinned leaves: a heap whose entries stay
@@ -94,7 +97,6 @@ class RadixTree:
         self.num_locked = 0  # cached blocks on a locked path
         self.num_pinned = 0  # cached blocks on a pinned path
         self.num_held = 0  # cached blocks on a locked or pinned path
-        self.collisions = 0
         self.tick = 0
         self._next_id = 0
 
@@ -235,6 +237,27 @@ class RadixTree:
             if node.hashes is None:
                 self.hash_path(node)
 
+    def path_hashes(self, node: Node) -> list[int]:
+        """The chained hashes of every block on the path root..node."""
+        if node.parent is not None:
+            self.hash_path(node)
+        out: list[int] = []
+        for n in node.path():
+            out += n.hashes  # type: ignore[arg-type]
+        return out
+
+    def block_hashes(self, block_ids: Sequence[int]) -> list[int]:
+        """The chained hashes of cached blocks."""
+        self.hash_all()  # then `owner` maps every cached block to its node
+        return [self.hash_of_block(self.owner[b], b) for b in block_ids]
+
+    def block_tokens(self, block_id: int) -> tuple[Namespace, Tokens]:
+        """The namespace and the tokens of a cached block."""
+        self.hash_all()
+        node = self.owner[block_id]
+        i = node.blocks.index(block_id) * self.block_size
+        return node.ns, node.tokens[i : i + self.block_size]  # type: ignore[return-value]
+
     def hash_of_block(self, node: Node, block_id: int) -> int:
         """Hash of `block_id`, held by `node` or (after a split) by one of its ancestors."""
         while block_id not in node.blocks:
@@ -246,12 +269,7 @@ class RadixTree:
     def _set_hashes(self, node: Node, hashes: tuple[int, ...]) -> None:
         node.hashes = hashes
         del self.unhashed[node.id]
-        index = self.hash_index
-        if index.keys().isdisjoint(hashes):
-            index.update(zip(hashes, node.blocks, strict=True))
-        else:
-            for b, h in zip(node.blocks, hashes, strict=True):
-                self.collisions += index.setdefault(h, b) != b
+        self.pool.index_hashes(node.blocks, hashes)
         self.owner.update(dict.fromkeys(node.blocks, node))
 
     # --- insert ---
@@ -420,15 +438,9 @@ class RadixTree:
         return victim
 
     def _unindex(self, victim: Victim) -> None:
-        index, owner = self.hash_index, self.owner
         assert victim.hashes is not None
-        deque(map(owner.pop, victim.blocks), maxlen=0)
-        if not self.collisions:
-            deque(map(index.pop, victim.hashes), maxlen=0)
-            return
-        for b, h in zip(victim.blocks, victim.hashes, strict=True):
-            if index.get(h) == b:
-                del index[h]
+        deque(map(self.owner.pop, victim.blocks), maxlen=0)
+        self.pool.unindex_hashes(victim.blocks, victim.hashes)
 
     # --- evictable set ---
     def _refresh(self, node: Node) -> None:

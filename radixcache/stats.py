@@ -28,10 +28,6 @@ class MissRatioPoint:
     size_ratio: float  # size_blocks / the pool's num_blocks
     hit_rate: float  # estimated LRU block hit rate at that size
 
-    @property
-    def miss_ratio(self) -> float:
-        return 1.0 - self.hit_rate
-
 
 @dataclass
 class CacheStats:

@@ -75,9 +75,6 @@ class WindowBlocks:
     def num_free(self) -> int:
         return len(self._free)
 
-    def num_evictable(self) -> int:
-        return len(self._evictable)
-
     def can_allocate(self, n: int) -> bool:
         return len(self._free) + len(self._evictable) >= n
 

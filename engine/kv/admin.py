@@ -8,9 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from radixcache.hashing import block_hashes
-from radixcache.tier_names import SPILL_TIERS, TierName
-
 if TYPE_CHECKING:
     from engine.kv.manager import KVCacheManager
     from engine.request import Sequence
@@ -21,21 +18,25 @@ T = TypeVar("T")
 
 
 class CacheAdmin:
-    """What the operations act on: the manager, and the engine's tenant namespaces."""
+    """What the operations act on: the manager (only its verbs), and the engine's namespace
+    (a tenant's is it with the tenant's cache_salt)."""
 
     def __init__(
         self,
         kv: KVCacheManager,
-        namespace_for: Callable[[str], Namespace],
+        namespace: Namespace,
         holders: Callable[[], list[Sequence]] = list,
     ) -> None:
         """`holders`: the sequences that may hold blocks now (what the integrity check counts)."""
         self.kv = kv
-        self.namespace_for = namespace_for
+        self.namespace = namespace
         self.holders = holders
 
     def run(self, op: AdminOp[T]) -> T:
         return op.apply(self)
+
+    def namespace_for(self, cache_salt: str) -> Namespace:
+        return self.namespace.with_salt(cache_salt)
 
     def ns(self, cache_salt: str | None) -> Namespace | None:
         return None if cache_salt is None else self.namespace_for(cache_salt)
@@ -54,15 +55,7 @@ class Lookup(AdminOp[dict[str, int]]):
     cache_salt: str = ""
 
     def apply(self, admin: CacheAdmin) -> dict[str, int]:
-        kv, ns = admin.kv, admin.namespace_for(self.cache_salt)
-        match = kv.cache.peek(ns, self.token_ids)
-        found = {TierName.DEVICE: match.num_tokens, **dict.fromkeys(SPILL_TIERS, 0)}
-        bs, start = kv.block_size, match.num_tokens
-        end = len(self.token_ids) // bs * bs
-        if kv.tiers is not None and end > start:
-            hashes = block_hashes(ns, self.token_ids[start:end], parent_hash=match.last_hash)
-            found.update(kv.tiers.lookup(ns, hashes))
-        return found
+        return admin.kv.lookup(admin.namespace_for(self.cache_salt), self.token_ids)
 
 
 @dataclass(frozen=True)
@@ -84,7 +77,7 @@ class Pin(AdminOp[int]):
     cache_salt: str = ""
 
     def apply(self, admin: CacheAdmin) -> int:
-        return admin.kv.cache.pin(admin.namespace_for(self.cache_salt), self.token_ids)
+        return admin.kv.pin(admin.namespace_for(self.cache_salt), self.token_ids)
 
 
 @dataclass(frozen=True)
@@ -95,7 +88,7 @@ class Unpin(AdminOp[int]):
     cache_salt: str = ""
 
     def apply(self, admin: CacheAdmin) -> int:
-        return admin.kv.cache.unpin(admin.namespace_for(self.cache_salt), self.token_ids)
+        return admin.kv.unpin(admin.namespace_for(self.cache_salt), self.token_ids)
 
 
 @dataclass(frozen=True)
@@ -106,7 +99,7 @@ class HottestPrefixes(AdminOp["list[PrefixInfo]"]):
     cache_salt: str | None = None
 
     def apply(self, admin: CacheAdmin) -> list[PrefixInfo]:
-        return admin.kv.cache.hottest_prefixes(self.limit, admin.ns(self.cache_salt))
+        return admin.kv.hottest_prefixes(self.limit, admin.ns(self.cache_salt))
 
 
 @dataclass(frozen=True)
@@ -114,7 +107,7 @@ class CacheStatsOp(AdminOp["CacheStats"]):
     """The device pool's occupancy and per-namespace counters."""
 
     def apply(self, admin: CacheAdmin) -> CacheStats:
-        return admin.kv.cache.stats()
+        return admin.kv.stats()
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,24 @@
   can_fit(n)         n more blocks can be had (free + evictable)
   allocate(seq, n)   blocks for n more tokens, evicting when short
   reserve_draft(seq, n)  free blocks only (no eviction) for up to n draft tokens after the chunk
-  trim(seq)          free the private blocks past seq's tokens (a verified draft's rejected rest)
-  commit(seq)        hand newly full computed blocks to the tree
+  draft_within_own_block(seq, draft)  how many draft tokens to verify (see there)
+  lookahead(seq, k)  up to k cached tokens continuing seq's (drafts from the tree)
+  computed(seq, n)   after a step: n more tokens' KV is computed; frees the blocks past seq's
+                     tokens (a rejected draft's) and hands newly full blocks to the tree
   free(seq)          drop everything seq holds (its tree blocks stay cached)
 
-It is the one caller of eviction: victims go to the listeners (the spill tiers, the KV events).
+and for administration and analytics (engine/kv/admin.py, engine/analytics.py):
+
+  lookup(ns, tokens) tokens of a prompt's prefix cached per tier (nothing locked)
+  pin / unpin        keep a cached prefix from eviction, and let it go again
+  hottest_prefixes   the most-hit cached prefixes
+  flush(ns)          evict every unreferenced block (through the listeners)
+  stats()            the device pool's counters; tier_stats(): the spill tiers'
+  check_integrity    the cache's invariants
+  close()            finish tier writes, stop the tier and event threads, free the KV pools
+
+The prefix cache picks eviction victims when an allocation is short; the manager decides where
+they go: to the listeners (the spill tiers, the KV events), or nowhere when there are none.
 
 A sequence's table is [tree blocks | private blocks]:
   block_ids[:num_tree_blocks]  held by the radix tree, kept alive by locking `seq.handle`
@@ -40,16 +53,21 @@ from engine.kv.listeners import CacheListener, Committed
 from engine.request import Sequence
 from radixcache.hashing import block_hashes
 from radixcache.integrity import IntegrityError
-from radixcache.tier_names import TierName
+from radixcache.tier_names import SPILL_TIERS, TierName
 from radixcache.window_blocks import NULL_BLOCK
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence as Tokens
+
     from engine.kv.tiers import KVTiers, TierLoad
     from engine.kv_cache import KVCache
+    from engine.kv_events import ZmqEventPublisher
     from radixcache.hashing import Namespace
     from radixcache.prefix_cache import PrefixCache
-    from radixcache.results import MatchResult
+    from radixcache.results import EvictedBlock, MatchResult
+    from radixcache.stats import CacheStats, PrefixInfo
     from radixcache.window_blocks import WindowBlocks
+    from storage.store_stats import StoreSnapshot
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -69,16 +87,19 @@ class KVCacheManager:
         *,
         tiers: KVTiers | None = None,
         listeners: tuple[CacheListener, ...] = (),
+        publisher: ZmqEventPublisher | None = None,
         release_window_blocks: bool = True,
     ) -> None:
-        """`release_window_blocks`: let go of a sequence's windowed-layer blocks that fell out of
-        its window (a hybrid cache; off only to measure what releasing saves)."""
+        """`publisher`: the KV-events publisher behind one of the listeners (closed with the
+        manager). `release_window_blocks`: let go of a sequence's windowed-layer blocks that
+        fell out of its window (a hybrid cache; off only to measure what releasing saves)."""
         self.cache = cache
         self.windows: WindowBlocks | None = cache.windows
         self.release_window_blocks = release_window_blocks
         self.kv_cache = kv_cache
         self.tiers = tiers
         self.listeners = listeners
+        self.publisher = publisher
         self.block_size = cache.block_size
         self.num_blocks = cache.num_blocks
 
@@ -309,29 +330,28 @@ class KVCacheManager:
             return room
         return len(draft)
 
-    def trim(self, seq: Sequence) -> None:
+    def lookahead(self, seq: Sequence, limit: int) -> list[int]:
+        """Up to `limit` cached tokens that continue seq's tokens (drafts for speculative
+        decoding); nothing is locked or touched."""
+        # [0, committed): the locked tree path (ends at seq.handle); [committed, num_tokens): tail
+        committed = seq.num_tree_blocks * self.block_size
+        tail = seq.token_ids[committed:]
+        return self.cache.lookahead(self._ns(seq), seq.handle, tail, limit)
+
+    def _trim(self, seq: Sequence) -> None:
         """Frees the private blocks past what seq's tokens need (a rejected draft's slots)."""
         keep = max(blocks_for(seq.num_tokens, self.block_size), seq.num_tree_blocks)
-        extra = seq.block_ids[keep:]
-        if extra:
+        if len(seq.block_ids) > keep:
+            self.cache.free(seq.block_ids[keep:])
             del seq.block_ids[keep:]
-            self.cache.free(extra)
         if self.windows is not None and len(seq.window_block_ids) > keep:
             self.windows.release(seq.window_block_ids[keep:])
             del seq.window_block_ids[keep:]
 
     def _take(self, n: int) -> list[int] | None:
-        """`n` free block ids; when short, the policy's victims are evicted first and handed to
-        the listeners (with none, they are dropped: no hashes, no records)."""
-        short = n - self.cache.num_free_blocks()
-        if short > 0:
-            if short > self.cache.num_evictable_blocks():
-                return None
-            if self.listeners:
-                self._evicted(self.cache.evict(short))
-            else:
-                self.cache.drop(short)
-        return self.cache.allocate(n)
+        """`n` block ids; when the free list is short, the cache evicts the policy's victims
+        and they go to the listeners (with none, they are dropped: no hashes, no records)."""
+        return self.cache.allocate(n, self._evicted if self.listeners else None)
 
     def _take_window(self, windows: WindowBlocks, n: int) -> list[int]:
         """`n` window blocks (the caller checked they can be had), evicting the oldest unused
@@ -345,7 +365,7 @@ class KVCacheManager:
                     listener.twins_evicted(hashes)
         return windows.allocate(n)
 
-    def _evicted(self, evicted: list) -> None:
+    def _evicted(self, evicted: list[EvictedBlock]) -> None:
         for listener in self.listeners:
             listener.blocks_evicted(evicted)
 
@@ -356,9 +376,15 @@ class KVCacheManager:
             self._evicted(evicted)
         return len(evicted)
 
-    # --- commit ---
-    def commit(self, seq: Sequence) -> None:
-        """Hands newly full, computed blocks to the tree (dedup: switch to the tree's copy)."""
+    # --- after a step ---
+    def computed(self, seq: Sequence, num_tokens: int) -> None:
+        """The step computed the KV of seq's tokens [num_computed, num_computed + num_tokens)
+        (after a verified draft: the decoded token and the accepted draft tokens). The private
+        blocks past what seq's tokens need (a rejected draft's) are freed, newly full blocks
+        go to the tree (dedup: seq switches to the tree's copy), and window blocks that fell
+        out of seq's window are let go."""
+        seq.num_computed_tokens += num_tokens
+        self._trim(seq)
         if self._shares(seq):
             self._commit(seq, loaded=False)
         if self.windows is not None and self.release_window_blocks:
@@ -445,7 +471,47 @@ class KVCacheManager:
         seq.num_tree_blocks = 0
         seq.num_computed_tokens = 0
 
-    # --- checks ---
+    # --- administration and analytics ---
+    def lookup(self, ns: Namespace, token_ids: Tokens[int]) -> dict[str, int]:
+        """Tokens of this prompt's prefix cached per tier, without running or locking it."""
+        match = self.cache.peek(ns, token_ids)
+        found = {TierName.DEVICE: match.num_tokens, **dict.fromkeys(SPILL_TIERS, 0)}
+        bs, start = self.block_size, match.num_tokens
+        end = len(token_ids) // bs * bs
+        if self.tiers is not None and end > start:
+            hashes = block_hashes(ns, token_ids[start:end], parent_hash=match.last_hash)
+            found.update(self.tiers.lookup(ns, hashes))
+        return found
+
+    def pin(self, ns: Namespace, token_ids: Tokens[int]) -> int:
+        """Pins the cached prefix of `token_ids` (capped by the cache); tokens pinned."""
+        return self.cache.pin(ns, token_ids)
+
+    def unpin(self, ns: Namespace, token_ids: Tokens[int]) -> int:
+        """Undoes one earlier pin of the same tokens; tokens unpinned."""
+        return self.cache.unpin(ns, token_ids)
+
+    def hottest_prefixes(self, limit: int, ns: Namespace | None) -> list[PrefixInfo]:
+        """The most-hit cached prefixes (of `ns`, or all)."""
+        return self.cache.hottest_prefixes(limit, ns)
+
+    def stats(self) -> CacheStats:
+        """The device pool's occupancy and per-namespace counters."""
+        return self.cache.stats()
+
+    def tier_stats(self) -> StoreSnapshot | None:
+        """The spill tiers' counters; None without tiers."""
+        return None if self.tiers is None else self.tiers.store.stats()
+
+    def close(self) -> None:
+        """Finishes queued tier writes, stops the tier and event threads and frees the KV pools
+        (nothing can use the cache after this)."""
+        if self.tiers is not None:
+            self.tiers.close()
+        if self.publisher is not None:
+            self.publisher.close()
+        self.kv_cache.release()
+
     def check_integrity(self, holders: list[Sequence]) -> None:
         """The cache's invariants; with windowed layers also every window block's references
         against the tables of `holders` (the sequences that hold blocks)."""

@@ -31,6 +31,10 @@ class NoPrefixCacheManager(KVCacheManager):
             self.cache.flush(ns)
             self.cache.forget(ns)
 
+    def lookahead(self, seq: Sequence, limit: int) -> list[int]:
+        """Nothing is shared between requests: the tree offers no drafts."""
+        return []
+
     def _shares(self, seq: Sequence) -> bool:
         return seq.params.n > 1
 

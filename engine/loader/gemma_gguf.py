@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from engine.loader.gguf_convert import _f32, _fields
+from engine.loader.gguf_convert import _f32, _fields, hf_tensor_name
 
 _TENSOR_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -84,13 +84,6 @@ def gemma_hf_config(meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _hf_name(gguf_name: str) -> str:
-    parts = gguf_name.split(".")
-    if parts[0] == "blk":
-        return f"model.layers.{parts[1]}.{_TENSOR_NAMES[parts[2]]}.{parts[3]}"
-    return f"{_TENSOR_NAMES[parts[0]]}.{parts[1]}"
-
-
 def gemma_weights(reader: gguf.GGUFReader, progress: bool) -> dict[str, torch.Tensor]:
     if any(t.name == "output.weight" for t in reader.tensors):
         raise ValueError("a Gemma 3 GGUF file with an untied output.weight is not supported")
@@ -99,7 +92,7 @@ def gemma_weights(reader: gguf.GGUFReader, progress: bool) -> dict[str, torch.Te
         w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         if t.name.endswith("norm.weight"):
             w = w - np.float32(1.0)
-        out[_hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(w))
+        out[hf_tensor_name(t.name, _TENSOR_NAMES)] = torch.from_numpy(np.ascontiguousarray(w))
     return out
 
 

@@ -81,11 +81,12 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def _hf_name(gguf_name: str) -> str:
+def hf_tensor_name(gguf_name: str, names: dict[str, str] = _TENSOR_NAMES) -> str:
+    """The Hugging Face name of a GGUF tensor (`names`: GGUF's tensor kinds to HF modules)."""
     parts = gguf_name.split(".")
     if parts[0] == "blk":
-        return f"model.layers.{parts[1]}.{_TENSOR_NAMES[parts[2]]}.{parts[3]}"
-    return f"{_TENSOR_NAMES[parts[0]]}.{parts[1]}"
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
+    return f"{names[parts[0]]}.{parts[1]}"
 
 
 def convert_weights(
@@ -98,7 +99,7 @@ def convert_weights(
             w = unpermute_qk(w, config["num_attention_heads"])
         elif ".attn_k." in t.name:
             w = unpermute_qk(w, config["num_key_value_heads"])
-        out[_hf_name(t.name)] = torch.from_numpy(np.ascontiguousarray(w))
+        out[hf_tensor_name(t.name)] = torch.from_numpy(np.ascontiguousarray(w))
     return out
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from pathlib import Path
 
 import torch
@@ -26,7 +25,6 @@ _VISION = tuple(
     for prefix in ("", "model.")
     for name in ("vision_tower.", "multi_modal_projector.")
 )
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _SAMPLE_CHUNKS, _CHUNK = 8, 1 << 16
 
 

@@ -11,9 +11,9 @@ from engine.spec.draft_length import FirstTokenRates
 from engine.spec.prompt_lookup import PromptLookup
 
 if TYPE_CHECKING:
+    from engine.kv import KVCacheManager
     from engine.request import Sequence
     from engine.spec.config import SpecConfig
-    from radixcache.prefix_cache import PrefixCache
     from radixcache.suffix_index import SuffixIndex
 
 
@@ -33,14 +33,12 @@ class DraftProposer:
     def __init__(
         self,
         config: SpecConfig,
-        prefix_cache: PrefixCache | None,
+        tree: KVCacheManager | None,
         suffix_index: SuffixIndex | None,
-        block_size: int,
     ) -> None:
         self.config = config
-        self.prefix_cache = prefix_cache  # None: no tree lookahead
+        self.tree = tree  # None: no tree lookahead
         self.suffix_index = suffix_index  # None: no suffix index
-        self.block_size = block_size
 
     def state(self, seq: Sequence) -> SeqDrafts:
         if seq.spec is None:
@@ -59,18 +57,15 @@ class DraftProposer:
         return out
 
     def _sources(self):  # noqa: ANN202 - (name, callable) pairs, in order
-        if self.prefix_cache is not None:
+        if self.tree is not None:
             yield "tree", self._from_tree
         yield "ngram", self._from_own_tokens
         if self.suffix_index is not None:
             yield "suffix", self._from_suffix_index
 
     def _from_tree(self, seq: Sequence, state: SeqDrafts, k: int) -> list[int]:
-        assert self.prefix_cache is not None
-        # [0, committed): the locked tree path (ends at seq.handle); [committed, num_tokens): tail
-        committed = seq.num_tree_blocks * self.block_size
-        tail = seq.token_ids[committed:]
-        return self.prefix_cache.lookahead(seq.request.namespace, seq.handle, tail, k)
+        assert self.tree is not None
+        return self.tree.lookahead(seq, k)
 
     @staticmethod
     def _from_own_tokens(seq: Sequence, state: SeqDrafts, k: int) -> list[int]:

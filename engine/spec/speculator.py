@@ -31,7 +31,6 @@ from radixcache.suffix_index import SuffixIndex
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
-    from engine.factory import EngineParts
     from engine.kv import KVCacheManager
     from engine.request import Sequence
     from engine.scheduler import ScheduledBatch
@@ -164,7 +163,7 @@ class Speculator:
             if argmax is not None:
                 sampled = SamplerOutput([argmax[i][j] for i in live], None, None)
             else:
-                rows = [_sample_row(seqs[i]) for i in live]
+                rows = [SampleRow.of(seqs[i]) for i in live]
                 sampled = sampler(torch.stack([drafted[i].logits[j] for i in live]), rows)
             still = []
             for r, i in enumerate(live):
@@ -204,21 +203,14 @@ def _plain_argmax(drafted: list[Drafted]) -> list[list[int]] | None:
     return out
 
 
-def _sample_row(seq: Sequence) -> SampleRow:
-    return SampleRow(seq.params, seq.token_ids, seq.num_prompt_tokens, seq.generator)
-
-
 def build_speculator(
-    config: EngineConfig, parts: EngineParts, stats: SpecStats
+    config: EngineConfig, kv: KVCacheManager, max_model_len: int, stats: SpecStats
 ) -> Speculator | None:
     """The engine's speculator per its config; None with speculation off."""
     spec = config.spec
     if not spec.enabled:
         return None
     cache = spec.mode == "cache"
-    tree = parts.prefix_cache if cache and config.enable_prefix_caching else None
     suffix = SuffixIndex(spec.suffix_index_tokens, spec.ngram_sizes) if cache else None
-    proposer = DraftProposer(spec, tree, suffix, config.block_size)
-    return Speculator(
-        spec, proposer, parts.kv, config.max_num_batched_tokens, parts.max_model_len, stats
-    )
+    proposer = DraftProposer(spec, kv if cache else None, suffix)
+    return Speculator(spec, proposer, kv, config.max_num_batched_tokens, max_model_len, stats)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -48,7 +47,6 @@ JSON_OPTIONS: dict[str, Any] = {
 class CompiledGrammar:
     constraint: Constraint
     template: llg.LLMatcher  # never advanced: sequences start from deep copies
-    compile_time: float  # seconds
 
 
 def grammar_text(constraint: Constraint) -> str:
@@ -182,7 +180,6 @@ class GrammarCompiler:
 
     def _build(self, constraint: Constraint) -> CompiledGrammar:
         tokenizer = self.tokenizer
-        t0 = time.perf_counter()
         try:
             text = grammar_text(constraint)
         except ConstraintError:
@@ -192,7 +189,7 @@ class GrammarCompiler:
         matcher = llg.LLMatcher(tokenizer, text, log_level=0)
         if matcher.is_error():
             raise ConstraintError(f"invalid {_kind(constraint)}: {matcher.get_error()}")
-        return CompiledGrammar(constraint, matcher, time.perf_counter() - t0)
+        return CompiledGrammar(constraint, matcher)
 
     def __len__(self) -> int:
         return len(self._entries)

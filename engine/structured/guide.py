@@ -3,9 +3,8 @@ masks for the rows that sample, and what a sampled token does to the grammar.
 
 The masks of a step depend only on the matchers, which change only when a sampled token is fed,
 so they are filled on a worker thread while the forward runs (`start`, before the forward;
-`join`, after it and before anything touches a matcher again): llguidance drops the GIL, and a
-step's fill (~130 µs a row inside a bounded JSON string) costs the step nothing where cores are
-free. A sampling row without an early mask (none in the engine's flow: n>1 samples are sibling
+`join`, after it and before anything touches a matcher again): llguidance drops the GIL, so a
+step's fill costs the step nothing where cores are free. A sampling row without an early mask (none in the engine's flow: n>1 samples are sibling
 sequences of the batch) would be filled on the spot.
 
 A row whose mask allows nothing, or whose matcher is in its error state (its mask would allow

@@ -51,9 +51,7 @@ def test_stats_hit_rates_and_occupancy(http, server) -> None:
     assert window["minutes"] == 1 and window["hit_tokens"] <= start["hit_tokens"]
     assert start["hit_rate_by_tier"]["device"] > 0
     assert start["compute_saved_flops"] > 0
-    assert (
-        stats["occupancy"]["device"]["capacity_blocks"] == server.engine.engine.kv_cache.num_blocks
-    )
+    assert stats["occupancy"]["device"]["capacity_blocks"] == server.engine.engine.kv.num_blocks
     dev = stats["device"]
     assert dev["free"] + dev["evictable"] + dev["referenced"] + dev["pinned"] == dev["num_blocks"]
     assert any(ns["hit_tokens"] > 0 for ns in stats["namespaces"])

@@ -10,6 +10,7 @@ from engine.async_engine import AsyncEngine, EngineOverloaded
 from engine.config import EngineConfig
 from engine.kv.admin import CacheStatsOp, CheckIntegrity, Flush, HottestPrefixes, Lookup, Pin, Unpin
 from engine.llm import LLM
+from engine.llm_engine import LLMEngine
 from engine.outputs import RequestResult
 from engine.request import Prompt, RequestTooLarge
 from engine.sampling import SamplingParams
@@ -97,18 +98,15 @@ def test_consumer_leaving_early_aborts(engine):
     assert snap.totals.requests_aborted == 1 and snap.cache.referenced == 0
 
 
+def _config(tiny_llama, **settings) -> EngineConfig:
+    return EngineConfig(model=str(tiny_llama), dtype="float32", block_size=4, **settings)
+
+
 def test_bounded_queue_and_rejections(tiny_llama):
-    config = EngineConfig(
-        model=str(tiny_llama),
-        dtype="float32",
-        block_size=4,
-        num_blocks=300,
-        max_num_seqs=1,
-        max_waiting_requests=1,
-    )
+    config = _config(tiny_llama, num_blocks=100, max_num_seqs=1, max_waiting_requests=1)
     engine = AsyncEngine(config)
     engine.start()
-    long = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
+    long = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
 
     async def main():
         a = engine.generate(PROMPTS[0], long, "a")
@@ -118,7 +116,7 @@ def test_bounded_queue_and_rejections(tiny_llama):
         with pytest.raises(EngineOverloaded):
             await engine.generate(PROMPTS[2], long, "c").__anext__()
         with pytest.raises(RequestTooLarge):
-            await engine.generate(Prompt(list(range(3, 1300))), long, "d").__anext__()
+            await engine.generate(Prompt(list(range(3, 500))), long, "d").__anext__()  # > pool
         b.cancel()
         await a.aclose()
 
@@ -128,3 +126,14 @@ def test_bounded_queue_and_rejections(tiny_llama):
         assert not engine.has_unfinished()
     finally:
         engine.shutdown()
+
+
+def test_in_flight_cap_is_the_engines_room_or_the_callers_lower_one(tiny_llama):
+    config = _config(tiny_llama, num_blocks=64, max_num_seqs=3, max_waiting_requests=5)
+    shared = LLMEngine(config)
+    try:
+        assert AsyncEngine(config, shared).max_in_flight == 8
+        assert AsyncEngine(config, shared, max_in_flight=2).max_in_flight == 2
+        assert AsyncEngine(config, shared, max_in_flight=100).max_in_flight == 8
+    finally:
+        shared.close()

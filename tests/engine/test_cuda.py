@@ -150,7 +150,7 @@ def _outputs(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
 
 
 def _released(llm: LLM) -> bool:
-    cache = llm.engine.prefix_cache
+    cache = llm.engine.kv.cache
     cache.check_integrity()
     return cache.num_free_blocks() + cache.num_evictable_blocks() == cache.num_blocks
 
@@ -195,7 +195,7 @@ def test_spill_tiers_on_cuda_load_back_the_same_outputs(make_llm, tmp_path, tier
     llm = make_llm(device="cuda", num_blocks=48, tiers=config)
     assert _outputs(llm, prompts) == want  # spilling as it goes
     llm.engine.admin(Flush())
-    assert llm.engine.tiers.store.wait_idle(30)
+    assert llm.engine.kv.tiers.store.wait_idle(30)
     assert _outputs(llm, prompts) == want  # the prefixes come back from the tier
-    assert llm.engine.tiers.store.stats().tiers[tier].stats.hits > 0
+    assert llm.engine.kv.tiers.store.stats().tiers[tier].stats.hits > 0
     assert _released(llm)

@@ -45,7 +45,7 @@ def expected(tiny_llama: Path, prompts: list[list[int]]) -> list[list[int]]:
 
 
 def tier_store(llm: LLM) -> TieredStore:
-    store = llm.engine.tiers.store
+    store = llm.engine.kv.tiers.store
     assert isinstance(store, TieredStore)
     return store
 
@@ -217,7 +217,7 @@ def test_host_tier_loads_back_evicted_prefixes(make_llm):
     engine = llm.engine
     first = [llm.generate([p], SHORT)[0] for p in prompts]  # each evicts the previous
     assert token_ids(first) == reference
-    engine.tiers.store.wait_idle(10)
+    engine.kv.tiers.store.wait_idle(10)
     assert (
         engine.admin(Lookup(prompts[0]))["host"] == 20
     )  # five blocks of tokens[:-1] (all but the last)
@@ -225,7 +225,7 @@ def test_host_tier_loads_back_evicted_prefixes(make_llm):
     assert again.outputs[0].token_ids == reference[0]
     assert again.cached_tokens_by_tier.get("host", 0) == 20
     assert again.num_cached_tokens == 20
-    engine.prefix_cache.check_integrity()
+    engine.kv.cache.check_integrity()
     assert engine.snapshot().tiers.tiers["host"].stats.hits >= 5
 
 
@@ -289,7 +289,7 @@ def _start_a_stream_and_a_load(make_llm, tmp_path: Path):
 
     llm = make_llm(num_blocks=256, tiers=tier_config("disk", tmp_path, "", deadline_s=60.0))
     engine = llm.engine
-    engine.tiers.install_share = 0.0
+    engine.kv.tiers.install_share = 0.0
     rng = random.Random(11)
     loaded = [rng.randrange(10, 200) for _ in range(41)]  # 10 full blocks of tokens[:-1]
     want = token_ids(llm.generate([loaded], PARAMS))

@@ -70,9 +70,9 @@ def test_each_spill_tier_loads_back_the_same_bits(make_llm, tiny_models, tmp_pat
         llm = make_llm(model, dtype="bfloat16", num_blocks=40, deterministic=True, tiers=config)
         assert answers(llm, prompts) == want, name  # cold, spilling as it goes
         llm.engine.admin(Flush())
-        assert llm.engine.tiers.store.wait_idle(30)
+        assert llm.engine.kv.tiers.store.wait_idle(30)
         assert answers(llm, prompts) == want, name  # warm: prefixes come back from the tier
-        loaded = llm.engine.tiers.store.stats().tiers[name].stats
+        loaded = llm.engine.kv.tiers.store.stats().tiers[name].stats
         assert loaded.hits > 0, name
 
 

@@ -83,7 +83,7 @@ def test_stored_events_carry_the_trees_chained_hashes(make_llm: Callable[..., LL
     prompt = list(range(10, 30))  # 5 full blocks
     llm.generate([prompt], greedy(1))
     llm.generate([prompt[:12] + [7] * 8], greedy(1))  # shares 3 blocks, adds 2
-    events = events_of(llm.engine.kv_events)
+    events = events_of(llm.engine.kv.publisher)
     assert isinstance(events[0], AllBlocksCleared)  # a fresh pool: consumers start over
     first, second = events[1], events[2]
     ns = llm.engine.namespace
@@ -101,10 +101,10 @@ def test_events_follow_evictions_and_match_the_tree(make_llm: Callable[..., LLM]
     llm = make_llm(num_blocks=24, kv_events=events_config())
     for i in range(8):  # far more distinct blocks than the pool holds
         llm.generate([[100 + i] * 17], greedy(2))
-    events = events_of(llm.engine.kv_events)
+    events = events_of(llm.engine.kv.publisher)
     assert any(isinstance(e, BlockRemoved) for e in events)
     held = live_hashes(events, "GPU")
-    cache = llm.engine.prefix_cache
+    cache = llm.engine.kv.cache
     assert len(held) == cache.stats().cached
     ns = llm.engine.namespace
     assert all(cache.lookup_hash(ns, h, tokens) is not None for h, tokens in held.items())
@@ -114,7 +114,7 @@ def test_flush_publishes_removals(make_llm: Callable[..., LLM]) -> None:
     llm = make_llm(num_blocks=64, kv_events=events_config())
     llm.generate([list(range(40, 60))], greedy(1))
     assert llm.engine.admin(Flush()) > 0
-    assert live_hashes(events_of(llm.engine.kv_events), "GPU") == {}
+    assert live_hashes(events_of(llm.engine.kv.publisher), "GPU") == {}
 
 
 def test_a_tenants_salt_never_appears_in_events(make_llm: Callable[..., LLM]) -> None:
@@ -123,9 +123,9 @@ def test_a_tenants_salt_never_appears_in_events(make_llm: Callable[..., LLM]) ->
     salt = "tenant:acme-secret-salt"
     llm.generate([prompt], greedy(1), cache_salt=salt)
     llm.generate([prompt], greedy(1))
-    payloads = [payload for _, _, payload in replay(llm.engine.kv_events)]
+    payloads = [payload for _, _, payload in replay(llm.engine.kv.publisher)]
     assert all(salt.encode() not in p for p in payloads)
-    stored = [e for e in events_of(llm.engine.kv_events) if isinstance(e, BlockStored)]
+    stored = [e for e in events_of(llm.engine.kv.publisher) if isinstance(e, BlockStored)]
     salted, plain = stored[0].block_hashes[0], stored[1].block_hashes[0]
     assert stored[0].token_ids[:BS] == stored[1].token_ids[:BS] and salted != plain
     assert salted == block_hashes(llm.engine.namespace.with_salt(salt), prompt[:BS])[0]
@@ -137,8 +137,8 @@ def test_lower_tiers_publish_what_they_gain_and_drop(make_llm: Callable[..., LLM
     llm = make_llm(num_blocks=16, kv_events=events_config(), tiers=tiers)
     for i in range(16):
         llm.generate([[200 + i] * 13], greedy(1))
-    llm.engine.tiers.store.wait_idle(10)
-    events = events_of(llm.engine.kv_events)
+    llm.engine.kv.tiers.store.wait_idle(10)
+    events = events_of(llm.engine.kv.publisher)
     removed = [e for e in events if isinstance(e, BlockRemoved)]
     device_removed = {h for e in removed if e.medium == "GPU" for h in e.block_hashes}
     host_stored = [e for e in events if isinstance(e, BlockStored) and e.medium == "CPU"]
@@ -146,7 +146,7 @@ def test_lower_tiers_publish_what_they_gain_and_drop(make_llm: Callable[..., LLM
     assert host_stored and all(e.token_ids == [] for e in host_stored)
     assert {h for e in host_stored for h in e.block_hashes} <= device_removed
     assert host_removed  # the host budget holds a few blocks only
-    assert len(live_hashes(events, "CPU")) == len(llm.engine.tiers.store.tiers[0])
+    assert len(live_hashes(events, "CPU")) == len(llm.engine.kv.tiers.store.tiers[0])
 
 
 def test_wire_layout_is_vllms() -> None:

@@ -31,7 +31,7 @@ def _texts(outs) -> list[list[int]]:
 
 
 def _assert_all_released(llm: LLM) -> None:
-    cache = llm.engine.prefix_cache
+    cache = llm.engine.kv.cache
     cache.check_integrity()
     assert cache.num_free_blocks() + cache.num_evictable_blocks() == cache.num_blocks
 
@@ -111,6 +111,17 @@ def test_oversized_request_rejected_clearly(tiny_llama):
     assert ok.outputs[0].finish_reason == "length" and len(ok.outputs[0].token_ids) == 6
 
 
+def test_the_front_refuses_bad_input_before_the_engine_sees_it(tiny_llama):
+    llm = _llm(tiny_llama)
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([_tokens(5, 1), []], GREEDY)  # one bad prompt: none of the batch runs
+    with pytest.raises(ValueError, match="vocabulary"):
+        llm.generate([_tokens(5, 1)], SamplingParams(logit_bias=((10_000, 1.0),)))
+    assert not llm.engine.has_unfinished() and llm.engine.stats.requests_rejected == 0
+    with pytest.raises(AssertionError):  # the engine asserts what the fronts check
+        llm.engine.add_request("r", Prompt([]), GREEDY)
+
+
 def test_seeds_reproducible(tiny_llama):
     llm = _llm(tiny_llama)
     params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=42, ignore_eos=True)
@@ -164,7 +175,7 @@ def test_abort_frees_blocks(tiny_llama):
         engine.add_request(f"r{i}", Prompt(_tokens(11, 20 + i)), params)
     for _ in range(3):
         engine.step()
-    assert engine.prefix_cache.stats().referenced > 0
+    assert engine.kv.stats().referenced > 0
     out = engine.abort("r1")
     assert out.finished and all(c.finish_reason == "abort" for c in out.outputs)
     engine.abort("r0")
@@ -198,11 +209,11 @@ def test_request_blocked_by_pinned_blocks_is_aborted_not_spun(tiny_llama):
     llm = _llm(tiny_llama, num_blocks=16)
     prompt = _tokens(36, 40)
     llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1))
-    cache = llm.engine.prefix_cache
-    assert cache.pin(llm.engine.namespace, prompt) == 8 * BS  # capped at half the pool
+    kv = llm.engine.kv
+    assert kv.pin(llm.engine.namespace, prompt) == 8 * BS  # capped at half the pool
     out = llm.generate([_tokens(40, 41)], GREEDY)[0]
     assert out.outputs[0].finish_reason == "abort"
-    cache.unpin(llm.engine.namespace, prompt)
+    kv.unpin(llm.engine.namespace, prompt)
     assert llm.generate([_tokens(40, 41)], GREEDY)[0].outputs[0].finish_reason == "length"
     _assert_all_released(llm)
 
@@ -233,11 +244,11 @@ def test_closing_an_engine_frees_its_kv_pool_without_a_collection(tiny_llama):
 
     llm = _llm(tiny_llama)
     llm.generate([_tokens(12, 1)], GREEDY)
-    pool = weakref.ref(llm.engine.kv_cache.tensor)
+    pool = weakref.ref(llm.engine.kv.kv_cache.tensor)
     gc.disable()
     try:
         llm.engine.close()
         assert pool() is None
-        assert llm.engine.kv_cache.nbytes == 0
+        assert llm.engine.kv.kv_cache.nbytes == 0
     finally:
         gc.enable()

@@ -50,7 +50,7 @@ def check_parity(
             assert got.logprobs[step] == pytest.approx(float(ref.max()), abs=atol)
             for tok, lp in got.top_logprobs[step].items():
                 assert lp == pytest.approx(float(ref[tok]), abs=atol)
-    llm.engine.prefix_cache.check_integrity()
+    llm.engine.kv.cache.check_integrity()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])

@@ -38,8 +38,7 @@ def _step(sched: Scheduler) -> list[tuple[Sequence, int]]:
     """One simulated engine step; returns what was scheduled."""
     batch = sched.schedule()
     for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
-        seq.num_computed_tokens += n
-        sched.kv.commit(seq)
+        sched.kv.computed(seq, n)
         if seq.num_computed_tokens == seq.num_tokens:
             seq.token_ids.append(7)
     return list(zip(batch.seqs, batch.num_new_tokens, strict=True))
@@ -105,8 +104,8 @@ def test_requests_that_cannot_fit_are_rejected():
     sched.check_fits(10, 6)
     with pytest.raises(RequestTooLarge, match="KV blocks"):
         sched.check_fits(10, 7)
-    with pytest.raises(RequestTooLarge, match="context window"):
-        sched.check_fits(64, 1)
+    with pytest.raises(RequestTooLarge, match="KV blocks"):
+        sched.check_fits(63, 1)
 
 
 def test_shared_prefix_in_flight_is_computed_once():
@@ -130,10 +129,9 @@ def test_insert_duplicates_switch_to_the_tree_blocks_and_free_ours():
     for seq in (a, b):  # both admitted before either computed anything
         assert sched.kv.match(seq) is MatchState.READY
         assert sched.kv.allocate(seq, seq.num_tokens - seq.num_computed_tokens)
-        seq.num_computed_tokens = len(tokens)
-    sched.kv.commit(a)
+    sched.kv.computed(a, len(tokens) - a.num_computed_tokens)
     b_private = list(b.block_ids[:2])
-    sched.kv.commit(b)
+    sched.kv.computed(b, len(tokens) - b.num_computed_tokens)
     assert b.block_ids[:2] == a.block_ids[:2] != b_private
     assert cache.num_free_blocks() == 16 - 2 - 2  # tree blocks + one partial block each
     cache.check_integrity()

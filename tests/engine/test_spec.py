@@ -33,7 +33,7 @@ def _two_waves(llm: LLM, prompts, first, second=None) -> list:
 
 
 def _released(llm: LLM) -> bool:
-    cache = llm.engine.prefix_cache
+    cache = llm.engine.kv.cache
     cache.check_integrity()
     return cache.num_free_blocks() + cache.num_evictable_blocks() == cache.num_blocks
 

@@ -56,8 +56,7 @@ class HybridManagerMachine(RuleBasedStateMachine):
             self.kv.tensor[:, :, seq.block_ids[j]] = value
             assert seq.window_block_ids[j] != NULL_BLOCK, "a computed block has no window block"
             self.kv.window_tensor[:, :, seq.window_block_ids[j]] = value
-        seq.num_computed_tokens = end
-        self.manager.commit(seq)
+        self.manager.computed(seq, n)
 
     def _check_reads(self, seq: Sequence) -> None:
         """The full blocks of seq's computed prefix and the window blocks its next token reads
@@ -105,7 +104,7 @@ class HybridManagerMachine(RuleBasedStateMachine):
         seq = self.live[data.draw(st.integers(0, len(self.live) - 1))]
         self.manager.reserve_draft(seq, seq.num_tokens - seq.num_computed_tokens, k)
         assert len(seq.window_block_ids) == len(seq.block_ids)
-        self.manager.trim(seq)
+        self.manager.computed(seq, 0)  # the draft was rejected: its blocks go
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())

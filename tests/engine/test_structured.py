@@ -114,8 +114,8 @@ def test_json_outputs_validate_against_their_schemas(llm, sampling):
         jsonschema.validate(json.loads(out.text), schema)  # raises on an invalid output
         assert "\n" not in out.text and ", " not in out.text  # compact, no whitespace runs
     assert (
-        llm.engine.prefix_cache.num_free_blocks() + llm.engine.prefix_cache.num_evictable_blocks()
-        == llm.engine.prefix_cache.num_blocks
+        llm.engine.kv.cache.num_free_blocks() + llm.engine.kv.cache.num_evictable_blocks()
+        == llm.engine.kv.cache.num_blocks
     )
 
 

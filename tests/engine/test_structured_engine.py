@@ -43,7 +43,7 @@ def token(llm: LLM, text: str) -> int:
 
 
 def released(llm: LLM) -> bool:
-    cache = llm.engine.prefix_cache
+    cache = llm.engine.kv.cache
     cache.check_integrity()
     return cache.num_free_blocks() + cache.num_evictable_blocks() == cache.num_blocks
 

@@ -60,7 +60,7 @@ def test_a_sequence_lets_go_of_blocks_out_of_its_window(make_llm, hybrid_models,
         llm = make_llm(
             path, num_blocks=128, max_num_batched_tokens=16, release_window_blocks=release
         )
-        assert isinstance(llm.engine.kv_cache, HybridKVCache)
+        assert isinstance(llm.engine.kv.kv_cache, HybridKVCache)
         engine = llm.engine
         engine.add_request("r", Prompt(prompt), GREEDY)
         most, tokens = 0, []
@@ -136,7 +136,7 @@ def test_a_small_window_pool_evicts_twins_and_cuts_matches(make_llm, hybrid_mode
 def test_the_budget_gives_the_window_pool_a_small_share(make_llm, hybrid_models):
     path, window = hybrid_models["gemma-d32-mixed"]
     llm = make_llm(path, kv_cache_memory=64 << 20, max_model_len=512, max_num_batched_tokens=64)
-    kv = llm.engine.kv_cache
+    kv = llm.engine.kv.kv_cache
     assert isinstance(kv, HybridKVCache)
     assert kv.groups.full_layers == (1, 3) and kv.groups.window_layers == (0, 2, 4)
     # a 512-token sequence: 128 full blocks, its window and a chunk: 2 + 16 + 1 window blocks
@@ -156,7 +156,7 @@ def test_windowed_blocks_spill_to_disk_and_load_back(make_llm, hybrid_models, tm
     llm = make_llm(path, num_blocks=256, tiers=TierConfig(disk_path=tmp_path / "disk"))
     assert answers(llm, [first]) == want[:1]
     llm.engine.admin(Flush())  # every cached block goes down, both halves
-    assert llm.engine.tiers.store.wait_idle(30)
+    assert llm.engine.kv.tiers.store.wait_idle(30)
     out = llm.generate([second], GREEDY)[0]
     assert out.outputs[0].token_ids == want[1]
     assert out.cached_tokens_by_tier.get("disk", 0) >= len(head) // BS * BS - BS
@@ -183,7 +183,7 @@ def test_kv_events_follow_both_halves_of_a_block(make_llm, hybrid_models):
     )
     for i in range(6):  # more blocks than the pool holds: both kinds of eviction happen
         answers(llm, [tokens_of(50 + i, 4 * window)])
-    events = events_of(llm.engine.kv_events)
+    events = events_of(llm.engine.kv.publisher)
     held: dict[int, set[int]] = {0: set(), 1: set()}
     for e in events[1:]:  # after the first AllBlocksCleared
         assert e.group_idx in (0, 1) and e.medium == "GPU"
@@ -193,7 +193,7 @@ def test_kv_events_follow_both_halves_of_a_block(make_llm, hybrid_models):
             held[e.group_idx].update(e.block_hashes)
         else:
             held[e.group_idx].difference_update(e.block_hashes)
-    cache = llm.engine.prefix_cache
+    cache = llm.engine.kv.cache
     windows = cache.windows
     tree_blocks = [b for n in cache.tree.iter_nodes() for b in n.blocks]
     hashes = dict(zip(tree_blocks, cache.block_hashes_of(tree_blocks), strict=True))

@@ -61,7 +61,7 @@ def test_windowed_model_matches_transformers(make_llm, windowed_models, arch, ch
             assert got.logprobs[step] == pytest.approx(float(ref.max()), abs=1e-4)
             for tok, lp in got.top_logprobs[step].items():
                 assert lp == pytest.approx(float(ref[tok]), abs=1e-4)
-    llm.engine.prefix_cache.check_integrity()
+    llm.engine.kv.cache.check_integrity()
 
 
 def conversations(arch: str, seed: int) -> list[list[int]]:
@@ -102,7 +102,7 @@ def test_cache_hits_change_no_token_under_a_window(make_llm, windowed_models, ar
     ]
     got, expected = answers(warm, second), answers(cold, second)
     assert [ids for ids, _ in got] == [ids for ids, _ in expected]
-    warm.engine.prefix_cache.check_integrity()
+    warm.engine.kv.cache.check_integrity()
 
 
 @pytest.mark.parametrize("arch", ARCHS)

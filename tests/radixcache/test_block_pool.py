@@ -58,3 +58,15 @@ def test_adopt_checks_runs_and_scattered_ids_alike(n: int):
     assert pool.adopt_many(more) == more[:1]  # a second holder remains
     pool.release_owned(scattered)
     assert pool.num_free() == 4 * n - 3 * n + n
+
+
+def test_hash_index_keeps_the_first_block_of_a_colliding_hash():
+    pool = BlockPool(4)
+    pool.index_hashes([0, 1], [10, 11])
+    assert pool.cached_block(11) == 1 and pool.hash_collisions == 0
+    pool.index_hashes([2], [11])  # a collision: block 1 keeps the entry
+    assert pool.cached_block(11) == 1 and pool.hash_collisions == 1
+    pool.unindex_hashes([2], [11])
+    assert pool.cached_block(11) == 1
+    pool.unindex_hashes([0, 1], [10, 11])
+    assert pool.hash_index == {} and pool.cached_block(10) is None

@@ -21,11 +21,11 @@ def test_insert_and_match_hash_nothing_until_asked(bs: int):
     insert(cache, ns, tokens)
     insert(cache, ns, tokens[: 4 * bs] + list(range(900, 900 + 4 * bs)))  # splits the first
     m = cache.match(ns, tokens + [1])
-    assert not cache.tree.hash_index and len(cache.tree.unhashed) == 3
+    assert not cache.pool.hash_index and len(cache.tree.unhashed) == 3
     cache.check_integrity()
     assert m.last_hash == block_hashes(ns, tokens)[-1]  # computed on read
     assert cache.hashes_of(m.handle) == block_hashes(ns, tokens)
-    assert len(cache.tree.hash_index) == 8 and len(cache.tree.unhashed) == 1
+    assert len(cache.pool.hash_index) == 8 and len(cache.tree.unhashed) == 1
     cache.check_integrity()
 
 
@@ -48,7 +48,7 @@ def test_drop_frees_without_hashing_and_evict_hashes_what_it_hands_back():
     b = list(range(100, 110)) + list(range(500, 510))
     insert(cache, ns, a)
     insert(cache, ns, b)
-    assert cache.drop(5) == 5 and not cache.tree.hash_index
+    assert cache.drop(5) == 5 and not cache.pool.hash_index
     assert cache.stats().namespaces[ns].evicted_blocks == 5
     cache.check_integrity()
     evicted = cache.evict(3)

@@ -275,7 +275,7 @@ def cluster_llm(model: Path, url: str, **tiers: object) -> LLM:
 
 
 def store_of(llm: LLM) -> TieredStore:
-    return llm.engine.tiers.store
+    return llm.engine.kv.tiers.store
 
 
 def settle(llm: LLM) -> dict:
@@ -421,8 +421,8 @@ def test_node_health_in_cache_stats_and_metrics(model: Path, fresh_cluster) -> N
             first = http.post("/v1/completions", json=body).json()
             http.post("/v1/cache/flush")
             engine = server.engine.engine
-            assert engine.tiers.store.wait_idle(30)
-            tier = next(t for t in engine.tiers.store.tiers if t.name == "redis")
+            assert engine.kv.tiers.store.wait_idle(30)
+            tier = next(t for t in engine.kv.tiers.store.tiers if t.name == "redis")
             tokens = engine.tokenizer.encode(prompt)
             (h,) = block_hashes(engine.namespace, tokens[:BLOCK_SIZE])
             dead = fresh_cluster.owner(tier.key(engine.namespace, h))
