@@ -45,6 +45,8 @@ class EngineConfig:
     # speculative decoding (engine/spec): draft sources and the most draft tokens per step
     speculative: str = DEFAULT_MODE
     num_speculative_tokens: int = DEFAULT_NUM_TOKENS
+    # CUDA: decode steps replayed from graphs captured at start (engine/cuda_graphs.py)
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype != AUTO and self.dtype not in DTYPES:
