@@ -22,6 +22,7 @@ at each replay, so a CPU test drives all the bookkeeping.
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -128,7 +129,8 @@ class StaticInputs:
         self.cu_seqlens_q = buffer(rows + 1, dtype=torch.int32)
         self.seq_lens = buffer(rows, dtype=torch.int32)
         self.block_tables = buffer(rows, table_width, dtype=torch.int32)
-        # host side of the per-step lengths, pinned on CUDA so their copies do not block
+        # host side of the per-step lengths, pinned on CUDA so their copies do not block; a
+        # step refills it only after the previous step's sampled tokens were read (a sync)
         pin = device.type == "cuda"
         self.host_lens = torch.zeros(2 * rows + 1, dtype=torch.int32, pin_memory=pin)
 
@@ -156,20 +158,21 @@ class DecodeGraphs:
         self.model, self.kv_cache, self.backend = model, kv_cache, backend
         self.buckets = bucket_sizes(min(max_rows, MAX_CAPTURED_ROWS))
         self.max_query_len = min(max_query_len, KERNEL_QUERY_TILE)
-        self.max_model_len = max_model_len
+        # + max_query_len: a verify's draft rows may run past max_model_len
+        self.max_positions = max_model_len + self.max_query_len
         self.block_size = kv_cache.block_size
         self.scratch_block = kv_cache.scratch_block
-        # + max_query_len: a verify's reserved draft blocks may run past max_model_len
-        width = -(-(max_model_len + self.max_query_len) // self.block_size)
+        width = -(-self.max_positions // self.block_size)
         self.static = StaticInputs(self.buckets[-1], width, kv_cache.tensor.device)
         self.replays: dict[int, Replay] = {}
         self.memory_bytes = 0  # measured around capture on CUDA (0 elsewhere)
+        self.capture_s = 0.0
         self.num_replayed = 0
         self.num_eager = 0
 
     def capture(self) -> None:
         """One graph per bucket, largest first; every row is padding (scratch block only)."""
-        device = self.kv_cache.tensor.device
+        device, t0 = self.kv_cache.tensor.device, time.perf_counter()
         free_before = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
         with torch.inference_mode():
             for rows in reversed(self.buckets):
@@ -178,12 +181,16 @@ class DecodeGraphs:
                 self.replays[rows] = self.backend.capture(self._forward_fn(rows), meta)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-            self.memory_bytes = free_before - torch.cuda.mem_get_info(device)[0]
+            captured = free_before - torch.cuda.mem_get_info(device)[0]
+            self.memory_bytes = captured + self.static.nbytes
+        self.capture_s = time.perf_counter() - t0
 
     def bucket_for(self, meta: AttentionMetadata) -> int | None:
         """The bucket a step replays in; None: it runs eagerly."""
         rows = sum(meta.query_lens)
-        if rows == 0 or rows > self.buckets[-1] or meta.block_tables.shape[1] > self.width:
+        if rows == 0 or rows > self.buckets[-1] or meta.max_seqlen_k > self.max_positions:
+            return None
+        if meta.block_tables.shape[1] > self.width:
             return None
         for q, verify in zip(meta.query_lens, meta.verify, strict=True):
             if q > self.max_query_len or (q != 1 and not verify):
@@ -242,7 +249,7 @@ class DecodeGraphs:
             block_tables=s.block_tables[:rows],
             slot_mapping=s.slot_mapping[:rows],
             max_seqlen_q=self.max_query_len,  # fixes the kernels' grids across replays
-            max_seqlen_k=self.max_model_len,  # the rope tables, grown once at capture
+            max_seqlen_k=self.max_positions,  # the rope tables: grown once, before capture
             block_size=self.block_size,
             query_lens=layout.query_lens,
             seq_lens_list=layout.seq_lens,
