@@ -105,7 +105,8 @@ class CudaGraphBackend:
             forward(meta)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: a tier thread's CUDA calls during capture are not an error
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             hidden = forward(meta)
         self.graphs.append(graph)
 
@@ -173,7 +174,11 @@ class DecodeGraphs:
     def capture(self) -> None:
         """One graph per bucket, largest first; every row is padding (scratch block only)."""
         device, t0 = self.kv_cache.tensor.device, time.perf_counter()
-        free_before = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+        free_before = 0
+        if device.type == "cuda":  # what the allocator caches now is not the graphs'
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+            free_before = torch.cuda.mem_get_info(device)[0]
         with torch.inference_mode():
             for rows in reversed(self.buckets):
                 layout = self._fill_padding(pad_layout([], [], rows))

@@ -36,6 +36,16 @@ def test_padding_layout():
         pad_layout([4, 4], [9, 9], 4)
 
 
+def test_scratch_block_is_outside_the_pool_and_inside_the_budget():
+    per_block = 2 * 2 * BLOCK * 2 * 8 * 4  # layers, K/V, slots, heads, dim, float32
+    kw = {"memory_bytes": 10 * per_block}
+    plain = KVCache.from_budget(2, BLOCK, 2, 8, torch.float32, **kw)
+    kv = KVCache.from_budget(2, BLOCK, 2, 8, torch.float32, scratch_block=True, **kw)
+    assert (plain.num_blocks, plain.scratch_block) == (10, None)
+    assert (kv.num_blocks, kv.scratch_block, kv.tensor.shape[2]) == (9, 9, 10)
+    assert kv.nbytes == plain.nbytes
+
+
 @pytest.fixture(scope="module")
 def model(tiny_models):
     from engine.loader import load_model
