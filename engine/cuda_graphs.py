@@ -23,98 +23,21 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from engine.attention.metadata import AttentionMetadata
+from engine.graph_backends import CudaGraphBackend, GraphBackend, Replay, StepForward
+from engine.graph_layout import PaddedLayout, bucket_sizes, pad_layout
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.kv_cache import KVCache
 
-StepForward = Callable[[AttentionMetadata], torch.Tensor]  # meta over the static buffers -> hidden
-Replay = Callable[[AttentionMetadata], torch.Tensor]
-
 MAX_CAPTURED_ROWS = 512  # the largest bucket captured (larger decode steps run eagerly)
 KERNEL_QUERY_TILE = 16  # the paged-attention kernel's row tile for decode-sized queries
-
-
-def bucket_sizes(max_rows: int) -> list[int]:
-    """1, 2, 4, 8, then steps of 8, the last covering max_rows."""
-    sizes = []
-    for n in [1, 2, 4, *range(8, max_rows + 8, 8)]:
-        sizes.append(n)
-        if n >= max_rows:
-            return sizes
-    return sizes
-
-
-@dataclass(frozen=True)
-class PaddedLayout:
-    """One step laid out over a bucket of `rows` rows and `rows` sequence entries."""
-
-    rows: int
-    query_lens: list[int]  # [rows]: the step's, then 1 per padding row, then 0
-    seq_lens: list[int]  # [rows]: the step's, then 1 per padding row, then 0
-    cu_seqlens_q: np.ndarray  # int32 [rows + 1]
-
-
-def pad_layout(query_lens: list[int], seq_lens: list[int], rows: int) -> PaddedLayout:
-    """The step's sequences, then one single-row sequence per padding row, then empty ones."""
-    pad = rows - sum(query_lens)
-    empty = rows - len(query_lens) - pad
-    if pad < 0 or empty < 0:
-        raise ValueError(f"a step of {sum(query_lens)} rows does not fit a bucket of {rows}")
-    q = list(query_lens) + [1] * pad + [0] * empty
-    cu = np.zeros(rows + 1, dtype=np.int32)
-    np.cumsum(q, out=cu[1:])
-    return PaddedLayout(rows, q, list(seq_lens) + [1] * pad + [0] * empty, cu)
-
-
-class GraphBackend(Protocol):
-    def capture(self, forward: StepForward, meta: AttentionMetadata) -> Replay:
-        """Record forward(meta); the replay re-runs it on the static buffers' current values and
-        returns its hidden states [rows, hidden]."""
-        ...
-
-
-class EagerReplayBackend:
-    """Captures nothing: a replay runs the static-buffer forward again (CPU; tests)."""
-
-    def capture(self, forward: StepForward, meta: AttentionMetadata) -> Replay:
-        forward(meta)
-        return forward
-
-
-class CudaGraphBackend:
-    """CUDA graphs sharing one memory pool (captured largest first, so smaller ones fit it)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: list[torch.cuda.CUDAGraph] = []
-
-    def capture(self, forward: StepForward, meta: AttentionMetadata) -> Replay:
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm up: compile the kernels, create cuBLAS handles
-            forward(meta)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: a tier thread's CUDA calls during capture are not an error
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            hidden = forward(meta)
-        self.graphs.append(graph)
-
-        def replay(_: AttentionMetadata) -> torch.Tensor:
-            graph.replay()
-            return hidden
-
-        return replay
+GRAPH_MEMORY_ALLOWANCE = 128 << 20  # bytes beyond the activations (graph_memory_estimate)
 
 
 class StaticInputs:
@@ -279,14 +202,15 @@ def graph_memory_estimate(model_config, dtype: torch.dtype, max_rows: int) -> in
     """Bytes the graphs are expected to hold, reserved from the KV budget before the pool is
     sized: a layer's live activations per row (residual, norm output, qkv, roped q/k, attention
     output, gate_up and its product) for the largest bucket, twice over for the allocator's
-    rounding, plus a fixed allowance for the static buffers, cuBLAS workspaces and the graphs'
-    own objects. DecodeGraphs.memory_bytes is the figure measured after capture."""
+    rounding, plus a fixed allowance for the static buffers, the cuBLAS workspaces of the warm-up
+    and capture streams, the compiled kernels and the graphs' own objects.
+    DecodeGraphs.memory_bytes is the figure measured around capture."""
     c = model_config
     rows = min(max_rows, MAX_CAPTURED_ROWS)
     qkv = c.q_size + 2 * c.kv_size
     per_row = 4 * c.hidden_size + 2 * qkv + c.q_size + 3 * c.intermediate_size
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * rows * per_row * elem + (64 << 20)
+    return 2 * rows * per_row * elem + GRAPH_MEMORY_ALLOWANCE
 
 
 def graph_rows(config: EngineConfig) -> tuple[int, int]:

@@ -158,7 +158,8 @@ def check_decode_graphs_with_triton(kernels):
     kernels (which read those buffers' tensors, padding and empty sequences included), give the
     eager step's logits and K/V."""
     from engine.attention import compute_positions
-    from engine.cuda_graphs import DecodeGraphs, EagerReplayBackend
+    from engine.cuda_graphs import DecodeGraphs
+    from engine.graph_backends import EagerReplayBackend
 
     model = tiny_model()
     model.attention = KernelAttention(kernels)

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from engine.attention import build_attention_metadata, compute_positions
-from engine.cuda_graphs import DecodeGraphs, EagerReplayBackend, bucket_sizes, pad_layout
+from engine.cuda_graphs import DecodeGraphs
+from engine.graph_backends import EagerReplayBackend
+from engine.graph_layout import bucket_sizes, pad_layout
 from engine.kv_cache import KVCache
 from engine.sampling import SamplingParams
 
