@@ -225,7 +225,7 @@ def test_decode_graphs_answer_as_eager_steps_on_cuda(make_llm, speculative):
     llm, on, off = _graphs_on_and_off(make_llm, speculative=speculative, max_num_seqs=8)
     assert on == off
     graphs = llm.engine.runner.graphs
-    assert graphs is not None and graphs.num_replayed > 20 and graphs.num_eager > 0
+    assert graphs is not None and graphs.num_replayed > 0 and graphs.num_eager > 0
     assert _released(llm)
 
 
