@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.results_io import write_results
 from engine.config import EngineConfig
-from engine.cuda_graphs import graph_memory_estimate, graph_rows
+from engine.cuda_graphs import graph_memory_reserve
 from engine.dtypes import resolve_dtype
 from engine.llm_engine import LLMEngine
 from engine.request import Prompt
@@ -109,10 +109,8 @@ def graph_figures(engine: LLMEngine, start_s: float) -> dict:
     figures: dict = {"engine_start_s": round(start_s, 2)}
     graphs = engine.runner.graphs
     if graphs is not None:
-        c = engine.config
-        estimate = graph_memory_estimate(
-            engine.runner.model.config, engine.runner.model.dtype, graph_rows(c)[0]
-        )
+        model = engine.runner.model
+        estimate = graph_memory_reserve(engine.config, model.config, model.dtype)
         figures |= {
             "buckets": graphs.buckets,
             "capture_s": round(graphs.capture_s, 2),

@@ -193,10 +193,6 @@ class DecodeGraphs:
 
         return forward
 
-    def release(self) -> None:
-        """Drops the graphs and their memory pool (the KV tensor they write is going away)."""
-        self.replays.clear()
-
 
 def graph_memory_estimate(model_config, dtype: torch.dtype, max_rows: int) -> int:
     """Bytes the graphs are expected to hold, reserved from the KV budget before the pool is
@@ -223,12 +219,19 @@ def wants_decode_graphs(config: EngineConfig) -> bool:
     return config.cuda_graphs and config.device.startswith("cuda")
 
 
+def graph_memory_reserve(config: EngineConfig, model_config, dtype: torch.dtype) -> int:
+    """What the KV budget gives up for the graphs: their estimate where they will be captured."""
+    if not wants_decode_graphs(config):
+        return 0
+    return graph_memory_estimate(model_config, dtype, graph_rows(config)[0])
+
+
 def build_decode_graphs(
     config: EngineConfig, model: torch.nn.Module, kv_cache: KVCache, max_model_len: int
 ) -> DecodeGraphs | None:
     """The captured decode graphs of a CUDA engine; None where graphs are off, on CPU, and for
     a KV cache without a scratch block (a hybrid cache: its windowed layers run eagerly)."""
-    if not wants_decode_graphs(config) or getattr(kv_cache, "scratch_block", None) is None:
+    if not wants_decode_graphs(config) or kv_cache.scratch_block is None:
         return None
     max_rows, per_seq = graph_rows(config)
     device = kv_cache.tensor.device

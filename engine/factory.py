@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.cuda_graphs import build_decode_graphs, graph_memory_estimate, graph_rows
+from engine.cuda_graphs import build_decode_graphs, graph_memory_reserve
 from engine.dtypes import resolve_dtype
 from engine.hybrid_kv_cache import HybridKVCache, KVGroups
 from engine.kv import KVCacheManager, NoPrefixCacheManager
@@ -115,8 +115,6 @@ def _build_kv_cache(
     """One paged pool, or two when some layers' windows are shorter than the context."""
     groups = KVGroups.of(mc.layer_windows, max_model_len)
     if groups is None:
-        graphs = config.cuda_graphs and device.type == "cuda"
-        reserve = graph_memory_estimate(mc, dtype, graph_rows(config)[0]) if graphs else 0
         return KVCache.from_budget(
             mc.num_hidden_layers,
             config.block_size,
@@ -124,7 +122,7 @@ def _build_kv_cache(
             mc.head_dim,
             dtype,
             device,
-            memory_bytes=config.kv_cache_memory - reserve,
+            memory_bytes=config.kv_cache_memory - graph_memory_reserve(config, mc, dtype),
             num_blocks=config.num_blocks,
             scratch_block=config.cuda_graphs,
         )

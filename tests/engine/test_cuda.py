@@ -236,13 +236,13 @@ def test_decode_graphs_on_the_default_model(make_llm, default_model_path):
 
 
 def test_graph_memory_within_what_the_kv_budget_gave_up(make_llm):
-    from engine.cuda_graphs import graph_memory_estimate, graph_rows
+    from engine.cuda_graphs import graph_memory_reserve
 
     budget = 256 << 20
     on = make_llm(device="cuda", kv_cache_memory=budget, max_num_seqs=32)
     off = make_llm(device="cuda", kv_cache_memory=budget, max_num_seqs=32, cuda_graphs=False)
     graphs, model = on.engine.runner.graphs, on.engine.runner.model
-    estimate = graph_memory_estimate(model.config, model.dtype, graph_rows(on.engine.config)[0])
+    estimate = graph_memory_reserve(on.engine.config, model.config, model.dtype)
     assert 0 < graphs.memory_bytes <= estimate, (graphs.memory_bytes, estimate)
     kv_on, kv_off = on.engine.kv_cache, off.engine.kv_cache
     assert kv_on.nbytes + estimate <= kv_off.nbytes + kv_off.nbytes // kv_off.num_blocks
