@@ -155,6 +155,7 @@ def test_engine_with_replayed_decode_steps_answers_as_eager(make_llm, speculativ
     settings = {"max_num_seqs": 6, "speculative": speculative, "num_speculative_tokens": 3}
     eager = make_llm(cuda_graphs=False, **settings)
     want = [r.outputs[0].token_ids for r in eager.generate(prompts + prompts, greedy)]
+    assert eager.engine.kv_cache.scratch_block is None  # graphs off: no block set aside
     llm = make_llm(**settings)
     runner = llm.engine.runner
     assert runner.graphs is None  # CPU: no graphs unless attached
