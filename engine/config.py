@@ -46,6 +46,8 @@ class EngineConfig:
     speculative: str = DEFAULT_MODE
     num_speculative_tokens: int = DEFAULT_NUM_TOKENS
     speculative_step_cost: str = DEFAULT_STEP_COST  # engine/spec/config.py STEP_COST_MODELS
+    # CUDA: decode steps replayed from graphs captured at start (engine/cuda_graphs.py)
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype != AUTO and self.dtype not in DTYPES:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from engine.analytics import CacheAnalytics
+from engine.cuda_graphs import build_decode_graphs, graph_memory_reserve
 from engine.dtypes import resolve_dtype
 from engine.hybrid_kv_cache import HybridKVCache, KVGroups
 from engine.kv import KVCacheManager, NoPrefixCacheManager
@@ -119,7 +120,9 @@ def build_parts(config: EngineConfig) -> EngineParts:
         namespace=namespace,
         kv=kv,
         scheduler=scheduler,
-        runner=ModelRunner(model, kv_cache, device),
+        runner=ModelRunner(
+            model, kv_cache, device, build_decode_graphs(config, model, kv_cache, max_model_len)
+        ),
         sampler=Sampler(config.seed),
         stop=StopChecker(set(tokenizer.eos_token_ids), max_model_len),
         grammars=grammars,
@@ -144,8 +147,9 @@ def _build_kv_cache(
             mc.head_dim,
             dtype,
             device,
-            memory_bytes=config.kv_cache_memory,
+            memory_bytes=config.kv_cache_memory - graph_memory_reserve(config, mc, dtype),
             num_blocks=config.num_blocks,
+            scratch_block=config.cuda_graphs,
         )
     return HybridKVCache.build(
         groups,

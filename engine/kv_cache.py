@@ -28,10 +28,14 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        scratch_block: bool = False,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+        # one block past num_blocks that no sequence owns: padded rows of a replayed decode
+        # graph write their K/V there (engine/cuda_graphs.py)
+        self.scratch_block: int | None = num_blocks if scratch_block else None
+        shape = (num_layers, 2, num_blocks + scratch_block, block_size, num_kv_heads, head_dim)
         self.tensor = torch.zeros(shape, dtype=dtype, device=device)
 
     @classmethod
@@ -46,15 +50,19 @@ class KVCache:
         *,
         memory_bytes: int | None = None,
         num_blocks: int | None = None,
+        scratch_block: bool = False,
     ) -> KVCache:
+        """scratch_block: one block more than num_blocks (within memory_bytes when sized by it)."""
         if num_blocks is None:
             if memory_bytes is None:
                 raise ValueError("give kv_cache_memory or num_blocks")
             per_block = bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
-            num_blocks = memory_bytes // per_block
+            num_blocks = memory_bytes // per_block - scratch_block
         if num_blocks < 1:
             raise ValueError("KV cache budget too small for one block")
-        return cls(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device)
+        return cls(
+            num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device, scratch_block
+        )
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, num_blocks: int, block_size: int) -> KVCache:

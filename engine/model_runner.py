@@ -16,6 +16,7 @@ from engine.hybrid_kv_cache import HybridKVCache
 from engine.models.llama import WindowedKV
 
 if TYPE_CHECKING:
+    from engine.cuda_graphs import DecodeGraphs
     from engine.kv_cache import KVCache
     from engine.scheduler import ScheduledBatch
 
@@ -29,11 +30,18 @@ class ForwardResult:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_cache: KVCache, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv_cache: KVCache,
+        device: torch.device,
+        graphs: DecodeGraphs | None = None,  # replays decode steps; None: every step eager
+    ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.device = device
         self.block_size = kv_cache.block_size
+        self.graphs = graphs
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> ForwardResult:
@@ -79,7 +87,13 @@ class ModelRunner:
         last_rows = _logit_rows(np.cumsum(query_lens)[sample_index], num_rows)
         t0 = time.perf_counter()
         with record_function(_range_name(query_lens, seq_lens)):
-            hidden = self.model.forward(input_ids, positions, self.kv_cache.tensor, meta, windowed)
+            hidden = None
+            if self.graphs is not None and windowed is None:
+                hidden = self.graphs.forward(input_ids, positions, meta)
+            if hidden is None:
+                hidden = self.model.forward(
+                    input_ids, positions, self.kv_cache.tensor, meta, windowed
+                )
             rows = torch.from_numpy(last_rows.astype(np.int64)).to(self.device)
             logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
         if self.device.type == "cuda":

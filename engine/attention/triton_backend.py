@@ -22,9 +22,24 @@ class TritonAttention:
         meta: AttentionMetadata,
         scale: float,
         window: int | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
-        # q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; kv_stored: k and v are in the caches
+        already (TritonRowOps.rope_store_kv wrote them), so they are not stored again."""
+        if not kv_stored:
+            store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self.attend(q, k_cache, v_cache, meta, scale, window)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        window: int | None = None,
+    ) -> torch.Tensor:
+        """Attention of q [T, Hq, D] over the caches, whose slots already hold this step's K/V."""
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         paged_attention(q, k_cache, v_cache, out, meta, scale, window)
         return out

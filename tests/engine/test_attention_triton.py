@@ -20,6 +20,7 @@ import torch
 from engine.attention import build_attention_metadata
 from engine.kv_cache import KVCache
 
+from .row_ops_checks import ROW_OPS_CHECKS
 from .test_attention import CASES, dense_reference, make_batch
 from .test_attention_window import WINDOW_CASES, assert_window_matters, poisoned_batch
 
@@ -86,13 +87,28 @@ def check_float16(kernels):
     torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
 
 
-def check_model_with_triton_backend(kernels, window=None):
-    """The Qwen3 shapes; window: a Mistral of that sliding window instead."""
+class KernelAttention:
+    """The triton backend over a kernels object (the interpreted module, or compiled copies)."""
+
+    def __init__(self, kernels) -> None:
+        self.kernels = kernels
+
+    def plan(self, meta):
+        return meta
+
+    def forward(self, q, k, v, k_cache, v_cache, meta, scale, window=None):
+        self.kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        self.kernels.paged_attention(q, k_cache, v_cache, out, meta, scale, window)
+        return out
+
+
+def tiny_model(window=None):
+    """A random 2-layer model of Qwen3's shapes; window: a Mistral of that sliding window."""
     import tempfile
 
     import transformers
 
-    from engine.attention import TorchAttention, compute_positions
     from engine.loader import load_model
 
     shapes = dict(
@@ -112,22 +128,18 @@ def check_model_with_triton_backend(kernels, window=None):
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp)
-        model = load_model(tmp)
+        return load_model(tmp)
 
-    class Triton:
-        def plan(self, meta):
-            return meta
 
-        def forward(self, q, k, v, k_cache, v_cache, meta, scale, window=None):
-            kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-            out = torch.empty_like(q)
-            kernels.paged_attention(q, k_cache, v_cache, out, meta, scale, window)
-            return out
+def check_model_with_triton_backend(kernels, window=None):
+    """The Qwen3 shapes; window: a Mistral of that sliding window instead."""
+    from engine.attention import TorchAttention, compute_positions
 
+    model = tiny_model(window)
     steps = [([9, 4], [9, 4]), ([1, 6], [10, 10]), ([1, 1], [11, 11])]
     tables = [[3, 1, 7], [0, 2, 5]]
     results = []
-    for backend in (TorchAttention(), Triton()):
+    for backend in (TorchAttention(), KernelAttention(kernels)):
         model.attention = backend
         kv = KVCache.for_model(model, 8, 4).tensor
         gen = torch.Generator().manual_seed(1)
@@ -139,6 +151,38 @@ def check_model_with_triton_backend(kernels, window=None):
             logits.append(model.compute_logits(model(ids, pos, kv, meta)))
         results.append(torch.cat(logits))
     torch.testing.assert_close(results[1], results[0], rtol=1e-4, atol=1e-4)
+
+
+def check_decode_graphs_with_triton(kernels):
+    """Decode and verify steps padded into the graphs' static buffers, attended by the triton
+    kernels (which read those buffers' tensors, padding and empty sequences included), give the
+    eager step's logits and K/V."""
+    from engine.attention import compute_positions
+    from engine.cuda_graphs import DecodeGraphs
+    from engine.graph_backends import EagerReplayBackend
+
+    model = tiny_model()
+    model.attention = KernelAttention(kernels)
+    c = model.config
+    kv = KVCache(2, 12, 4, c.num_key_value_heads, c.head_dim, model.dtype, scratch_block=True)
+    tables = [[3, 1, 7], [0, 2], [5, 9, 4]]
+    prompt = [6, 5, 9]
+    meta = build_attention_metadata(prompt, prompt, tables, 4)
+    ids = torch.randint(0, 64, (sum(prompt),), generator=torch.Generator().manual_seed(1))
+    model(ids, torch.from_numpy(compute_positions(prompt, prompt)), kv.tensor, meta)
+    graphs = DecodeGraphs(model, kv, 8, 3, 128, EagerReplayBackend())
+    graphs.capture()
+    for query_lens, verify in [([1, 1, 1], [False] * 3), ([3, 1, 2], [True, False, True])]:
+        seq_lens = [p + q for p, q in zip(prompt, query_lens, strict=True)]
+        meta = build_attention_metadata(query_lens, seq_lens, tables, 4, verify=verify)
+        ids = torch.randint(0, 64, (sum(query_lens),), generator=torch.Generator().manual_seed(2))
+        pos = torch.from_numpy(compute_positions(query_lens, seq_lens))
+        eager_kv = kv.tensor.clone()
+        want = model.compute_logits(model(ids, pos, eager_kv, meta))
+        got = model.compute_logits(graphs.forward(ids, pos, meta))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(kv.tensor[:, :, :12], eager_kv[:, :, :12], rtol=0, atol=0)
+    assert graphs.num_replayed == 2
 
 
 CHECKS = {
@@ -156,6 +200,7 @@ CHECKS = {
     "float16": check_float16,
     "model_triton_vs_torch": check_model_with_triton_backend,
     "model_triton_vs_torch_window": lambda kernels: check_model_with_triton_backend(kernels, 4),
+    "decode_graphs_triton": check_decode_graphs_with_triton,
 }
 
 
@@ -164,12 +209,16 @@ def run_all() -> None:
     from triton.runtime.interpreter import InterpretedFunction
 
     from engine.attention import triton_kernels
+    from engine.attention.triton_row_ops import TritonRowOps
 
     assert isinstance(triton_kernels._paged_attention_kernel, InterpretedFunction)
+    checks = {name: (check, (triton_kernels,)) for name, check in CHECKS.items()}
+    for name, check in ROW_OPS_CHECKS.items():
+        checks[name] = (check, (TritonRowOps(), "cpu"))
     results = {}
-    for name, check in CHECKS.items():
+    for name, (check, args) in checks.items():
         try:
-            check(triton_kernels)
+            check(*args)
             results[name] = "ok"
         except Exception:  # reported by the test of that name
             results[name] = traceback.format_exc()
@@ -187,6 +236,6 @@ def interpreted():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", list(CHECKS))
+@pytest.mark.parametrize("name", [*CHECKS, *ROW_OPS_CHECKS])
 def test_triton_kernel_in_interpreter(interpreted, name):
     assert interpreted[name] == "ok", interpreted[name]

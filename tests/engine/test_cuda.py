@@ -1,6 +1,7 @@
 """The CUDA path on a real GPU: the compiled triton kernels against the dense reference (the
-interpreter tests' checks, unchanged), and the engine on CUDA against transformers, with the cache
-and speculation on and off.
+interpreter tests' checks, unchanged), the fused row ops against torch, and the engine on CUDA
+against transformers, with the cache and speculation on and off, and with decode steps replayed
+from CUDA graphs against eager steps.
 
 Marked `cuda` and left out of the default run (pyproject's addopts): on a machine with a GPU run
 `pytest -m cuda` (scripts/gpu_check.sh runs it with the benchmarks).
@@ -21,6 +22,7 @@ from engine.llm import LLM
 from engine.sampling import SamplingParams
 from tests.tiny_models import GEMMA_CONFIGS, TINY_VOCAB, make_tiny_gemma
 
+from .row_ops_checks import ROW_OPS_CHECKS
 from .test_attention_triton import CHECKS
 from .test_llm_parity import PROMPTS, check_parity
 
@@ -63,6 +65,13 @@ class CompiledKernels:
 @pytest.mark.parametrize("name", list(CHECKS))
 def test_compiled_triton_kernel(name):
     CHECKS[name](CompiledKernels())
+
+
+@pytest.mark.parametrize("name", list(ROW_OPS_CHECKS))
+def test_compiled_row_ops(name):
+    from engine.attention.triton_row_ops import TritonRowOps
+
+    ROW_OPS_CHECKS[name](TritonRowOps(), "cuda")
 
 
 def test_store_kv_from_strided_views_on_the_gpu():
@@ -199,3 +208,65 @@ def test_spill_tiers_on_cuda_load_back_the_same_outputs(make_llm, tmp_path, tier
     assert _outputs(llm, prompts) == want  # the prefixes come back from the tier
     assert llm.engine.kv.tiers.store.stats().tiers[tier].stats.hits > 0
     assert _released(llm)
+
+
+def _graphs_on_and_off(make_llm, model=None, **settings):
+    """(graphs-on LLM, its outputs, graphs-off outputs) over prompts that finish at different
+    times (batches of every size, so most steps are padded)."""
+    prompts = _prompts(7, seed=5)
+    off = _outputs(make_llm(model, device="cuda", cuda_graphs=False, **settings), prompts)
+    llm = make_llm(model, device="cuda", **settings)
+    return llm, _outputs(llm, prompts), off
+
+
+@pytest.mark.parametrize("speculative", ["off", "cache"])
+def test_decode_graphs_answer_as_eager_steps_on_cuda(make_llm, speculative):
+    """float32, token for token; with speculation the verify steps replay too."""
+    llm, on, off = _graphs_on_and_off(make_llm, speculative=speculative, max_num_seqs=8)
+    assert on == off
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.num_replayed > 0 and graphs.num_eager > 0
+    assert _released(llm)
+
+
+def test_decode_graphs_on_the_default_model(make_llm, default_model_path):
+    llm, on, off = _graphs_on_and_off(make_llm, default_model_path, speculative="off")
+    assert on == off
+    assert llm.engine.runner.graphs.num_replayed > 0
+
+
+def test_graph_memory_within_what_the_kv_budget_gave_up(make_llm):
+    from engine.cuda_graphs import graph_memory_reserve
+
+    budget = 256 << 20
+    on = make_llm(device="cuda", kv_cache_memory=budget, max_num_seqs=32)
+    off = make_llm(device="cuda", kv_cache_memory=budget, max_num_seqs=32, cuda_graphs=False)
+    graphs, model = on.engine.runner.graphs, on.engine.runner.model
+    estimate = graph_memory_reserve(on.engine.config, model.config, model.dtype)
+    assert 0 < graphs.memory_bytes <= estimate, (graphs.memory_bytes, estimate)
+    kv_on, kv_off = on.engine.kv.kv_cache, off.engine.kv.kv_cache
+    assert kv_on.nbytes + estimate <= kv_off.nbytes + kv_off.nbytes // kv_off.num_blocks
+    print(f"graphs {graphs.memory_bytes >> 20} MiB, estimate {estimate >> 20} MiB")
+
+
+def _launches_per_decode_step(llm: LLM) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.bench_cuda_step import launches, start_decoding
+
+    engine, steps = llm.engine, 8
+    ids = start_decoding(engine, 4, steps, 250)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    for request_id in ids:
+        engine.abort(request_id)
+    return launches(prof) / steps
+
+
+def test_decode_graphs_cut_the_launches_per_step(make_llm):
+    off = _launches_per_decode_step(make_llm(device="cuda", cuda_graphs=False, speculative="off"))
+    on = _launches_per_decode_step(make_llm(device="cuda", speculative="off"))
+    print(f"launches per decode step: graphs on {on:.0f}, off {off:.0f}")
+    assert on <= 60 and on < off / 2
