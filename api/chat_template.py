@@ -4,8 +4,8 @@ the request's field at fault (a 400), and the request's chat_template_kwargs che
 
 from __future__ import annotations
 
-from radixcache import chat_template
-from radixcache.chat_template import ChatPrompt, NoChatTemplate, ToolsUnsupported
+from radixcache.shared import chat_template
+from radixcache.shared.chat_template import ChatPrompt, NoChatTemplate, ToolsUnsupported
 
 _RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "documents"})
 

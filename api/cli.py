@@ -15,11 +15,11 @@ from api.router.config import RouterConfig
 from api.router.policy import POLICIES, Balance
 from engine.config import EVICTION_POLICIES, EngineConfig
 from engine.dtypes import AUTO, DTYPES
-from engine.kv_events import KVEventsConfig
+from engine.kv.events import KVEventsConfig
 from engine.loader.default_model import DEFAULT_MODEL_NAME, default_cache_dir
 from engine.loader.named_models import NAMED_MODELS
-from engine.spec.config import SPECULATIVE_MODES
-from radixcache.tier_names import TierName
+from engine.speculative.config import SPECULATIVE_MODES
+from radixcache.shared.tier_names import TierName
 from storage.config import DiskFsync, TierConfig, WritePolicy
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)

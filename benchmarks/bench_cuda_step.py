@@ -29,7 +29,7 @@ from engine.cuda_graphs import graph_memory_reserve
 from engine.dtypes import resolve_dtype
 from engine.llm_engine import LLMEngine
 from engine.request import Prompt
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 PROMPT_TOKENS = 128
 

@@ -47,7 +47,7 @@ from engine.kv.admin import Flush
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestResult
 from engine.request import Prompt
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=OUT_TOKENS, ignore_eos=True)
 KV_MEMORY = 2 << 30

@@ -31,7 +31,7 @@ from benchmarks.results_io import write_results
 from benchmarks.soak_driver import SoakRequest, make_requests, wait_idle
 from engine.llm import LLM
 from engine.loader import ensure_default_model
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from tests.fault_load import Fault, PhaseReport, disk_bytes_match, run_phase
 from tests.faults import DiskCorrupter, DiskFill, RedisBounce, ServerRestart
 from tests.redis_server import RedisServer

@@ -33,7 +33,7 @@ from engine.attention import (
     load_native,
 )
 from engine.dtypes import torch_dtype
-from engine.kv_cache import KVCache
+from engine.kv.paged_cache import KVCache
 from engine.loader import ensure_default_model, load_model
 
 BLOCK = 16

@@ -19,7 +19,7 @@ from pathlib import Path
 from benchmarks.soak_driver import make_requests, percentile, rss_bytes, run_soak, wait_idle
 from engine.llm import LLM
 from engine.loader import ensure_default_model
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from tests.serve_process import ServeProcess
 
 RESULTS = Path(__file__).parent / "results" / "soak.json"

@@ -46,7 +46,7 @@ from benchmarks.results_io import write_results
 from benchmarks.spec_workloads import NAMES, Workload, build
 from engine.dtypes import resolve_dtype
 from engine.llm import LLM
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 VLLM_RUNNER = Path(__file__).parent / "vllm_spec_runner.py"
 # a mode's suffix: the same engine, each wave's prompts submitted in reverse order ("off-reversed":

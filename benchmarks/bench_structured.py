@@ -27,7 +27,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.request import Prompt
 from engine.sampler import apply_token_masks
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.structured.compiler import GrammarCompiler
 from engine.structured.constraints import (
     Choice,

@@ -31,7 +31,7 @@ import torch
 from benchmarks.tier_itl import bench_itl
 from engine.kv.admin import Flush
 from engine.llm import LLM
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from radixcache.hashing import Namespace, block_hashes
 from storage import DiskTier, RedisTier, TierConfig, TieredStore, encode_block
 from tests.redis_cluster import RedisClusterServers, running_cluster

@@ -31,12 +31,12 @@ from pathlib import Path
 from benchmarks.results_io import write_results
 from benchmarks.workloads import random_tokens
 from engine.config import EngineConfig
-from engine.hybrid_kv_cache import HybridKVCache
 from engine.kv.admin import Flush
+from engine.kv.hybrid_cache import HybridKVCache
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestResult
 from engine.request import Prompt
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from radixcache.window_blocks import NULL_BLOCK
 
 TAIL = 64  # each request's own tokens after the shared prefix

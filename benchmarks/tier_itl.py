@@ -24,7 +24,7 @@ from pathlib import Path
 
 from engine.llm import LLM
 from engine.request import Prompt
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from storage import TierConfig
 from tests.redis_server import RedisServer
 

@@ -16,7 +16,7 @@ _EXPORTS = {
     "RequestResult": "engine.outputs",
     "RequestOutput": "engine.outputs",
     "RequestTooLarge": "engine.request",
-    "SamplingParams": "engine.sampling",
+    "SamplingParams": "engine.sampling_params",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -17,12 +17,12 @@ from typing import Any, TypeVar
 
 from engine.config import EngineConfig
 from engine.kv.admin import AdminOp, CheckIntegrity
-from engine.kv_events import ZmqEventPublisher
+from engine.kv.events import ZmqEventPublisher
 from engine.llm_engine import LLMEngine
 from engine.openmp import release_thread_pool
 from engine.outputs import RequestOutput
 from engine.request import GenerateJob, Prompt
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.stats import EngineSnapshot
 from engine.structured.constraints import Constraint
 from radixcache.integrity import IntegrityError

@@ -6,11 +6,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.dtypes import AUTO, DTYPES
-from engine.spec.config import DEFAULT_MODE, DEFAULT_NUM_TOKENS, DEFAULT_STEP_COST, SpecConfig
+from engine.speculative.config import (
+    DEFAULT_MODE,
+    DEFAULT_NUM_TOKENS,
+    DEFAULT_STEP_COST,
+    SpecConfig,
+)
 from radixcache.policy import POLICIES
 
 if TYPE_CHECKING:
-    from engine.kv_events.config import KVEventsConfig
+    from engine.kv.events.config import KVEventsConfig
     from storage.tiered import TierConfig
 
 EVICTION_POLICIES = tuple(POLICIES)
@@ -25,7 +30,7 @@ class EngineConfig:
     kv_cache_memory: int = 1 << 30  # bytes for the paged KV tensor
     num_blocks: int | None = None  # overrides kv_cache_memory when set
     # sliding-window layers (a window shorter than the context) keep a pool of their own:
-    # its blocks (None: sized for as many sequences as the full pool, engine/hybrid_kv_cache.py)
+    # its blocks (None: sized for as many sequences as the full pool, engine/kv/hybrid_cache.py)
     num_window_blocks: int | None = None
     release_window_blocks: bool = True  # False: sequences keep out-of-window blocks (to measure)
     max_num_seqs: int = 16
@@ -45,7 +50,7 @@ class EngineConfig:
     # speculative decoding (engine/spec): draft sources and the most draft tokens per step
     speculative: str = DEFAULT_MODE
     num_speculative_tokens: int = DEFAULT_NUM_TOKENS
-    speculative_step_cost: str = DEFAULT_STEP_COST  # engine/spec/config.py STEP_COST_MODELS
+    speculative_step_cost: str = DEFAULT_STEP_COST  # engine/speculative/config.py STEP_COST_MODELS
     # CUDA: decode steps replayed from graphs captured at start (engine/cuda_graphs.py)
     cuda_graphs: bool = True
 

@@ -33,7 +33,7 @@ from engine.graph_layout import PaddedLayout, bucket_sizes, pad_layout
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
-    from engine.kv_cache import KVCache
+    from engine.kv.paged_cache import KVCache
 
 MAX_CAPTURED_ROWS = 512  # the largest bucket captured (larger decode steps run eagerly)
 KERNEL_QUERY_TILE = 16  # the paged-attention kernel's row tile for decode-sized queries

@@ -12,16 +12,16 @@ import torch
 from engine.analytics import CacheAnalytics
 from engine.cuda_graphs import build_decode_graphs, graph_memory_reserve
 from engine.dtypes import resolve_dtype
-from engine.hybrid_kv_cache import HybridKVCache, KVGroups
 from engine.kv import KVCacheManager, NoPrefixCacheManager
 from engine.kv.admin import CacheAdmin
+from engine.kv.events import KVEventSink, ZmqEventPublisher
+from engine.kv.hybrid_cache import HybridKVCache, KVGroups
+from engine.kv.paged_cache import DTYPES, KVCache
 from engine.kv.tiers import KVTiers
-from engine.kv_cache import DTYPES, KVCache
-from engine.kv_events import KVEventSink, ZmqEventPublisher
 from engine.model_runner import ModelRunner
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler
-from engine.spec.speculator import Speculator, build_speculator
+from engine.speculative.speculator import Speculator, build_speculator
 from engine.stats import EngineStats
 from engine.stop_checker import StopChecker
 from engine.structured.compiler import GrammarCompiler

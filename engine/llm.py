@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestResult
 from engine.request import Prompt, RequestTooLarge
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 PromptInput = str | list[int]
 Messages = list[dict[str, Any]]

@@ -19,9 +19,9 @@ from engine.model_runner import ForwardResult
 from engine.outputs import RequestOutput, request_output
 from engine.request import Prompt, Request, Sequence, token_array
 from engine.sampler import SamplerOutput, SampleRow
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
-from engine.spec.speculator import Drafted
+from engine.speculative.speculator import Drafted
 from engine.stats import EngineSnapshot, StepStats
 from engine.structured.masks import TokenMasks
 from engine.structured.matcher import SequenceMatcher

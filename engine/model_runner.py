@@ -12,12 +12,12 @@ import torch
 from torch.profiler import record_function
 
 from engine.attention import build_attention_metadata, compute_positions
-from engine.hybrid_kv_cache import HybridKVCache
+from engine.kv.hybrid_cache import HybridKVCache
 from engine.models.llama import WindowedKV
 
 if TYPE_CHECKING:
     from engine.cuda_graphs import DecodeGraphs
-    from engine.kv_cache import KVCache
+    from engine.kv.paged_cache import KVCache
     from engine.scheduler import ScheduledBatch
 
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
 
     from engine.detokenizer import IncrementalDetokenizer
-    from engine.sampling import SamplingParams
+    from engine.sampling_params import SamplingParams
     from radixcache.hashing import Namespace
 
 
@@ -92,7 +92,7 @@ class Sequence:
     first_token_time: float | None = None
     num_preemptions: int = 0
     matcher: Any = None  # engine.structured.matcher.SequenceMatcher when params.constraint
-    spec: Any = None  # engine.spec.proposer.SeqDrafts once it has been drafted for
+    spec: Any = None  # engine.speculative.proposer.SeqDrafts once it has been drafted for
 
     @property
     def params(self) -> SamplingParams:

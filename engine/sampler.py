@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.structured.masks import TokenMasks
 
 if TYPE_CHECKING:

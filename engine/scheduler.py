@@ -22,7 +22,7 @@ class ScheduledBatch:
     num_preempted: int = 0
     admitted: list[Sequence] = field(default_factory=list)  # newly admitted (or re-admitted)
     num_cached_tokens: int = 0  # prefix tokens the admitted sequences did not have to compute
-    # batch index -> draft tokens run after that sequence's chunk (engine.spec); its KV blocks
+    # batch index -> draft tokens run after that sequence's chunk (engine.speculative); its KV blocks
     # are reserved, its tokens are not in seq.token_ids until verified
     drafts: dict[int, list[int]] = field(default_factory=dict)
 

@@ -6,7 +6,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.spec.stats import SpecStats
+from engine.speculative.stats import SpecStats
 
 if TYPE_CHECKING:
     from radixcache.stats import CacheStats

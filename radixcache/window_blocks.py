@@ -1,6 +1,6 @@
 """The sliding-window layers' KV blocks, beside the tree's full-attention ones.
 
-A model whose windowed layers keep their own paged pool (engine/hybrid_kv_cache.py) has two
+A model whose windowed layers keep their own paged pool (engine/kv/hybrid_cache.py) has two
 block ids per cached block of tokens: the full-attention block F, owned by the radix tree, and
 its *twin* w in the window pool, holding the same tokens' KV for the windowed layers. A twin can
 be evicted on its own while F stays cached (a tombstone: `twin[F] == 0`); it goes when F goes.

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from radixcache.tier_names import TierName
+from radixcache.shared.tier_names import TierName
 from storage.base import SpillDown, TierStats
 from storage.codec import CorruptBlock, verify_block
 

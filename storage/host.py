@@ -6,7 +6,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from radixcache.tier_names import TierName
+from radixcache.shared.tier_names import TierName
 from storage.base import SpillDown, TierStats
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import AskError, MovedError
 
-from radixcache.tier_names import TierName
+from radixcache.shared.tier_names import TierName
 from storage.base import SpillDown, block_key
 from storage.codec import CorruptBlock, verify_block
 from storage.redis_health import NodeHealth, RedisStats

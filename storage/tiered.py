@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from radixcache.tier_names import TierName
+from radixcache.shared.tier_names import TierName
 from storage.base import Tier
 from storage.codec import CorruptBlock, decode_block
 from storage.config import TierConfig

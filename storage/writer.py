@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from radixcache.tier_names import TierName
+from radixcache.shared.tier_names import TierName
 from storage.base import Tier
 from storage.codec import encode_block
 

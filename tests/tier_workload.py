@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from engine.llm import LLM
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 ENGINE = {"dtype": "float32", "block_size": 4, "max_num_seqs": 2, "seed": 0}

@@ -10,8 +10,8 @@ from typing import Any
 from api.auth import Caller
 from api.observability.engine_stats import CacheCounters, EngineCounters, NamespaceCounters
 from api.observability.pools import block_counts, layer_types_report
-from engine.spec.stats import SpecStats
-from radixcache.tier_names import TierName
+from engine.speculative.stats import SpecStats
+from radixcache.shared.tier_names import TierName
 
 
 def _rate(hit: float, total: float) -> float:

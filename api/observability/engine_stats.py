@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.spec.stats import SpecStats
-from radixcache.tier_names import TierName
+from engine.speculative.stats import SpecStats
+from radixcache.shared.tier_names import TierName
 
 if TYPE_CHECKING:
     from engine.stats import EngineSnapshot

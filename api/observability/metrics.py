@@ -16,7 +16,7 @@ from api.observability import metrics_vllm
 from api.observability.engine_stats import EngineCounters
 from api.observability.latency import LatencyRecorder
 from api.observability.pools import layer_types_report
-from engine.spec.stats import SpecStats
+from engine.speculative.stats import SpecStats
 from radixcache.stats import CacheStats
 
 PREFIX = "radixcache"
@@ -161,7 +161,7 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 
 class KVEventsCollector(Collector):
-    """The KV-events publisher's counters (engine.kv_events.PublisherStats), read at scrape time."""
+    """The KV-events publisher's counters (engine.kv.events.PublisherStats), read at scrape time."""
 
     def __init__(self, read: Callable[[], Any]) -> None:
         self._read = read

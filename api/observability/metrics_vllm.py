@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from api.observability.engine_stats import EngineCounters
-from engine.spec.stats import SpecStats
+from engine.speculative.stats import SpecStats
 
 LABELS = ["model_name", "engine"]  # vLLM labels every engine metric with both (engine "0": one)
 TTFT = "vllm:time_to_first_token_seconds"

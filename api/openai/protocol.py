@@ -26,7 +26,7 @@ from api.openai.protocol_tools import (
     ToolChoice,
     Tools,
 )
-from radixcache.chat_template import ChatPrompt
+from radixcache.shared.chat_template import ChatPrompt
 
 MAX_N = 16
 MAX_STOP = 16

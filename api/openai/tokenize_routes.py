@@ -17,7 +17,7 @@ from api.openai.protocol import ChatMessage, _Request, template_message
 from api.openai.protocol_tools import Tools
 from api.serving.input_checks import check_model, check_token_ids
 from api.state import ServerState, state_of
-from radixcache.chat_template import ChatPrompt
+from radixcache.shared.chat_template import ChatPrompt
 
 router = APIRouter()
 

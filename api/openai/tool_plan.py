@@ -20,7 +20,7 @@ from api.openai.tool_parsers import (
     format_of_template,
 )
 from engine.structured.constraints import TaggedJson, canonical_json
-from radixcache.chat_template import ChatPrompt
+from radixcache.shared.chat_template import ChatPrompt
 
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 # formats whose markers are special tokens in their models' vocabularies: kept in the text

@@ -3,7 +3,7 @@
 On connect it asks the replay socket for every batch from seq 0; after a gap in sequence
 numbers it asks for the missing ones; when the seq goes backwards (the replica restarted) it
 clears the index and replays from 0. Without a replay socket a gap is only counted. Bad payloads
-and unknown events are counted and skipped (radixcache.kv_events_wire)."""
+and unknown events are counted and skipped (radixcache.shared.kv_events_wire)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import zmq
 from msgspec import UNSET
 
 from api.router.index import ReplicaIndex
-from radixcache.kv_events_wire import (
+from radixcache.shared.kv_events_wire import (
     END_SEQ,
     PRIMARY_MEDIA,
     AllBlocksCleared,

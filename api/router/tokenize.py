@@ -1,5 +1,5 @@
 """The router's tokenizer: the model folder's tokenizer.json (torch-free) and its chat templates,
-rendered by the very function the replicas' routes and engines use (radixcache/chat_template.py:
+rendered by the very function the replicas' routes and engines use (radixcache/shared/chat_template.py:
 same messages and tools -> same text; the text is encoded without adding special tokens), the
 rendered text tokenized stretch by stretch (segment_tokenizer.py)."""
 
@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 
 from api.chat_template import ChatTemplates
 from api.router.segment_tokenizer import SegmentTokenizer
-from radixcache.chat_template import ChatPrompt
+from radixcache.shared.chat_template import ChatPrompt
 
 Chat = ChatPrompt | list[dict[str, Any]]  # a prompt, or plain messages without tools
 

@@ -21,9 +21,9 @@ from api.serving.input_checks import (
     resolve_max_tokens,
 )
 from engine.request import GenerateJob, Prompt
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.structured.constraints import Constraint
-from radixcache.chat_template import ChatPrompt
+from radixcache.shared.chat_template import ChatPrompt
 
 if TYPE_CHECKING:
     from api.auth import Caller
@@ -93,7 +93,7 @@ def encode(tokenizer: Any, templates: ChatTemplates, source: PromptSource) -> Pr
 
 
 def chat_prompt_ids(tokenizer: Any, templates: ChatTemplates, prompt: ChatPrompt) -> list[int]:
-    """The one rendering of the server, the router and the engine (radixcache/chat_template.py,
+    """The one rendering of the server, the router and the engine (radixcache/shared/chat_template.py,
     through api/chat_template.py), then the tokenizer."""
     try:
         text = templates.render(prompt)

@@ -31,7 +31,7 @@ A sequence's table is [tree blocks | private blocks]:
   block_ids[:num_tree_blocks]  held by the radix tree, kept alive by locking `seq.handle`
   block_ids[num_tree_blocks:]  private to the sequence (one reference each in the pool)
 
-A hybrid KV cache (sliding-window layers in a pool of their own, engine/hybrid_kv_cache.py) adds
+A hybrid KV cache (sliding-window layers in a pool of their own, engine/kv/hybrid_cache.py) adds
 a second table, `seq.window_block_ids`, the same length: the windowed layers' block of each token
 block. A match is cut to where the windowed layers have the blocks they read (the last W - 1
 tokens before the hit); after each commit the blocks that fell out of the sequence's window are
@@ -53,15 +53,15 @@ from engine.kv.listeners import CacheListener, Committed
 from engine.request import Sequence
 from radixcache.hashing import block_hashes
 from radixcache.integrity import IntegrityError
-from radixcache.tier_names import SPILL_TIERS, TierName
+from radixcache.shared.tier_names import SPILL_TIERS, TierName
 from radixcache.window_blocks import NULL_BLOCK
 
 if TYPE_CHECKING:
     from collections.abc import Sequence as Tokens
 
+    from engine.kv.events import ZmqEventPublisher
+    from engine.kv.paged_cache import KVCache
     from engine.kv.tiers import KVTiers, TierLoad
-    from engine.kv_cache import KVCache
-    from engine.kv_events import ZmqEventPublisher
     from radixcache.hashing import Namespace
     from radixcache.prefix_cache import PrefixCache
     from radixcache.results import EvictedBlock, MatchResult

@@ -10,7 +10,7 @@ from engine.kv.manager import KVCacheManager
 from engine.request import Sequence
 
 if TYPE_CHECKING:
-    from engine.kv_cache import KVCache
+    from engine.kv.paged_cache import KVCache
     from radixcache.hashing import Namespace
     from radixcache.prefix_cache import PrefixCache
 

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.hybrid_kv_cache import HybridKVCache
+from engine.kv.hybrid_cache import HybridKVCache
 from radixcache.window_blocks import NULL_BLOCK
 from storage.pacing import STEP_SHARE
 
 if TYPE_CHECKING:
     from engine.kv.listeners import Committed
-    from engine.kv_cache import KVCache
+    from engine.kv.paged_cache import KVCache
     from radixcache.hashing import Namespace
     from radixcache.results import EvictedBlock
     from radixcache.window_blocks import WindowBlocks

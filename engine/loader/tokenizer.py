@@ -1,5 +1,5 @@
 """load_tokenizer: tokenizer.json (HF `tokenizers`) + the model folder's chat templates, rendered
-by radixcache's one renderer (radixcache/chat_template.py, the server's and the router's too)."""
+by radixcache's one renderer (radixcache/shared/chat_template.py, the server's and the router's too)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from radixcache.chat_template import ChatPrompt, ChatTemplates, read_json
+from radixcache.shared.chat_template import ChatPrompt, ChatTemplates, read_json
 
 
 def _ids(value: Any) -> list[int]:

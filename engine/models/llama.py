@@ -192,7 +192,7 @@ class LlamaForCausalLM(nn.Module):
         windowed: WindowedKV | None = None,
     ) -> torch.Tensor:
         """`windowed`: the sliding-window layers' own pool and block tables (a hybrid KV
-        cache, engine/hybrid_kv_cache.py); `kv_cache` then holds the other layers, in order."""
+        cache, engine/kv/hybrid_cache.py); `kv_cache` then holds the other layers, in order."""
         h = self.embed(input_ids)  # [T, hidden]
         ropes = self.ropes.lookup(positions, meta.max_seqlen_k)  # a table per layer's rope
         plan = self.attention.plan(meta)

@@ -24,7 +24,7 @@ from engine.structured.matcher import SequenceMatcher
 
 if TYPE_CHECKING:
     from engine.request import Sequence
-    from engine.sampling import SamplingParams
+    from engine.sampling_params import SamplingParams
     from engine.scheduler import ScheduledBatch
 
 

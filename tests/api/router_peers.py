@@ -21,7 +21,7 @@ import zmq
 
 from api.router.app import create_router_app
 from api.router.config import RouterConfig
-from radixcache.kv_events_wire import END_SEQ_FRAME
+from radixcache.shared.kv_events_wire import END_SEQ_FRAME
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """The engine's tokenizer (offline LLM.chat), the server's templates and the router's tokenizer
-render with radixcache's one renderer (radixcache/chat_template.py): the same templates read from
+render with radixcache's one renderer (radixcache/shared/chat_template.py): the same templates read from
 the folder, the same text and ids for the same messages, with tools and without."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import engine.loader.tokenizer
 from api.chat_template import ChatTemplates
 from api.router.tokenize import PromptTokenizer
 from engine.loader import load_tokenizer
-from radixcache import chat_template
-from radixcache.chat_template import ChatPrompt
+from radixcache.shared import chat_template
+from radixcache.shared.chat_template import ChatPrompt
 from tests.api.tool_cases import WEATHER_TOOLS
 
 TOOL_LOOP = [

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.soak_driver import SoakRequest, is_idle, make_requests, wait_idle
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from tests.fault_load import (
     Fault,
     PhaseReport,

@@ -13,7 +13,7 @@ import pytest
 
 from api.config import ApiConfig
 from engine.kv.admin import CacheStatsOp, CheckIntegrity
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.stats import EngineSnapshot
 from tests.api.servers import Server, engine_config, fresh_text, start_server
 

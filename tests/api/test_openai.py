@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from tests.api.servers import BLOCK_SIZE, Server, fresh_text
 
 

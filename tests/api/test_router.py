@@ -19,8 +19,8 @@ from api.router.config import RouterConfig
 from api.router.index import ReplicaIndex
 from api.router.replicas import ReplicaSpec
 from api.router.subscriber import EventSubscriber
-from engine.kv_events import KVEventsConfig
-from radixcache.kv_events_wire import BatchDecoder, BlockRemoved, BlockStored
+from engine.kv.events import KVEventsConfig
+from radixcache.shared.kv_events_wire import BatchDecoder, BlockRemoved, BlockStored
 from tests.api.router_peers import (
     ReplicaProcess,
     ScriptedPeer,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.soak_driver import is_idle, make_requests, rss_bytes, run_soak, wait_idle
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from tests.serve_process import ServeProcess
 
 BLOCK = 4

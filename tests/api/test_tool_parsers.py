@@ -1,5 +1,5 @@
 """Tool-call parsers and the content/calls split (api/openai/tool_parsers.py, tool_stream.py), the
-chat templates' choice for tools (radixcache/chat_template.py) and the forced-call grammars
+chat templates' choice for tools (radixcache/shared/chat_template.py) and the forced-call grammars
 (api/openai/tool_plan.py): no server, real parts."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from api.chat_template import ChatTemplates, TemplateError
 from api.openai.protocol import ChatCompletionRequest
 from api.openai.tool_parsers import PARSERS, ParsedCall, format_of_template
 from api.openai.tool_stream import ToolStream, split_whole
-from radixcache.chat_template import ChatPrompt, hermes_template
+from radixcache.shared.chat_template import ChatPrompt, hermes_template
 from tests.api.tool_cases import WEATHER_TOOLS
 
 CASES = {

@@ -13,7 +13,7 @@ from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestResult
 from engine.request import Prompt, RequestTooLarge
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPTS = [Prompt([10 + i, 20, 30, 40, 50, 60, 70, 80, 90, 100 + i]) for i in range(6)]

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from engine.attention import build_attention_metadata
-from engine.kv_cache import KVCache
+from engine.kv.paged_cache import KVCache
 
 from .row_ops_checks import ROW_OPS_CHECKS
 from .test_attention import CASES, dense_reference, make_batch

@@ -19,7 +19,7 @@ from engine.attention import build_attention_metadata
 from engine.attention.metadata import AttentionMetadata
 from engine.kv.admin import CacheStatsOp, Flush
 from engine.llm import LLM
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from tests.tiny_models import GEMMA_CONFIGS, TINY_VOCAB, make_tiny_gemma
 
 from .row_ops_checks import ROW_OPS_CHECKS

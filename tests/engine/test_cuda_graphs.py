@@ -13,8 +13,8 @@ from engine.attention import build_attention_metadata, compute_positions
 from engine.cuda_graphs import DecodeGraphs
 from engine.graph_backends import EagerReplayBackend
 from engine.graph_layout import bucket_sizes, pad_layout
-from engine.kv_cache import KVCache
-from engine.sampling import SamplingParams
+from engine.kv.paged_cache import KVCache
+from engine.sampling_params import SamplingParams
 
 BLOCK = 4
 PROMPT_LENS = [5, 9, 3, 12, 7, 4, 10]

@@ -17,7 +17,7 @@ import pytest
 
 from engine.kv.admin import CheckIntegrity, Flush, Lookup
 from engine.llm import LLM
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from storage.base import TierStats
 from storage.codec import HEADER_SIZE
 from storage.config import TierConfig
@@ -111,7 +111,7 @@ def test_restart_on_the_same_disk_folder_gets_disk_hits(
 FIRST_PROCESS = """
 import json, sys
 from engine.llm import LLM
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from storage.config import TierConfig
 tiny_llama, url, prompts, out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 tiers = TierConfig(redis_url=url, redis_prefix="shared", write_policy="write-through")

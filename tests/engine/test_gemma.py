@@ -11,7 +11,7 @@ from engine.llm import LLM
 from engine.loader import load_model
 from engine.models.config import ModelConfig
 from engine.models.gemma import GemmaForCausalLM
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from tests.engine.test_models import assert_close, hf_logits, run_steps
 from tests.tiny_models import (
     GEMMA_CONFIGS,

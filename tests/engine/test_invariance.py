@@ -18,7 +18,7 @@ import pytest
 
 from engine.kv.admin import CacheStatsOp, Flush
 from engine.llm import LLM
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from storage.config import TierConfig
 
 PARAMS = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=1)

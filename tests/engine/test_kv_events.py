@@ -11,11 +11,11 @@ import pytest
 import zmq
 
 from engine.kv.admin import Flush
-from engine.kv_events import KVEventsConfig, ZmqEventPublisher
+from engine.kv.events import KVEventsConfig, ZmqEventPublisher
 from engine.llm import LLM
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from radixcache.hashing import block_hashes
-from radixcache.kv_events_wire import (
+from radixcache.shared.kv_events_wire import (
     END_SEQ_FRAME,
     AllBlocksCleared,
     BlockRemoved,

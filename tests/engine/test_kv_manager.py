@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from engine.kv import KVCacheManager, MatchState, NoPrefixCacheManager
-from engine.kv_cache import KVCache
+from engine.kv.paged_cache import KVCache
 from engine.request import Request, Sequence, SequenceStatus
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from radixcache.hashing import Namespace
 from radixcache.prefix_cache import PrefixCache
 

@@ -10,7 +10,7 @@ import pytest
 from engine.kv.admin import CacheStatsOp, CheckIntegrity
 from engine.llm import LLM
 from engine.request import Prompt, RequestTooLarge
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 BS = 4
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)

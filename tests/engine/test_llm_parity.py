@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.llm import LLM
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 PROMPTS = [
     [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100],

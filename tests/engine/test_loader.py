@@ -10,7 +10,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from engine.attention import build_attention_metadata, compute_positions
-from engine.kv_cache import KVCache
+from engine.kv.paged_cache import KVCache
 from engine.loader import load_model, load_tokenizer, model_digest
 from engine.models.config import ModelConfig
 

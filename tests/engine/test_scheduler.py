@@ -8,9 +8,9 @@ import torch
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv import KVCacheManager, MatchState
-from engine.kv_cache import KVCache
+from engine.kv.paged_cache import KVCache
 from engine.request import Request, RequestTooLarge, Sequence, SequenceStatus
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from radixcache.hashing import Namespace
 from radixcache.prefix_cache import PrefixCache

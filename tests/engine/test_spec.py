@@ -10,7 +10,7 @@ import pytest
 
 from engine.llm import LLM
 from engine.request import Prompt
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.structured.constraints import Regex
 from tests.tiny_models import EOS_ID
 

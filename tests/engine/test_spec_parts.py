@@ -8,9 +8,9 @@ from array import array
 
 import pytest
 
-from engine.spec.draft_length import FirstTokenRates, SourceRates, draft_plan
-from engine.spec.prompt_lookup import PromptLookup
-from engine.spec.step_cost import StepCost
+from engine.speculative.draft_length import FirstTokenRates, SourceRates, draft_plan
+from engine.speculative.prompt_lookup import PromptLookup
+from engine.speculative.step_cost import StepCost
 
 
 def _tokens(ids: list[int]) -> array:

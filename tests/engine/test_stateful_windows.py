@@ -12,10 +12,10 @@ import torch
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.hybrid_kv_cache import HybridKVCache, KVGroups, WindowBudget
 from engine.kv import KVCacheManager, MatchState
+from engine.kv.hybrid_cache import HybridKVCache, KVGroups, WindowBudget
 from engine.request import Request, Sequence
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from radixcache.hashing import Namespace
 from radixcache.prefix_cache import PrefixCache
 from radixcache.window_blocks import NULL_BLOCK, WindowBlocks

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from engine.llm import LLM
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.structured.constraints import Choice, JsonObject, Regex, TaggedJson, json_schema
 
 SCHEMAS: dict[str, dict[str, Any]] = {

@@ -15,7 +15,7 @@ from engine.kv.admin import CheckIntegrity
 from engine.llm import LLM
 from engine.request import Prompt
 from engine.sampler import apply_token_masks
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.structured.constraints import (
     Choice,
     ConstraintError,

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.hybrid_kv_cache import HybridKVCache
 from engine.kv.admin import CacheStatsOp, CheckIntegrity, Flush
+from engine.kv.hybrid_cache import HybridKVCache
 from engine.request import Prompt
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from radixcache.window_blocks import NULL_BLOCK, blocks_before_hit
 from storage.config import TierConfig
 from tests.tiny_models import GEMMA_CONFIGS, WINDOWS, make_tiny_gemma
@@ -167,7 +167,7 @@ def test_kv_events_follow_both_halves_of_a_block(make_llm, hybrid_models):
     """Group 0 (full attention) and group 1 (sliding window, with its window) are published
     apart: replaying each group's events gives the blocks the tree holds and the blocks that
     still have their twin; a twin evicted on its own removes only group 1."""
-    from engine.kv_events import KVEventsConfig
+    from engine.kv.events import KVEventsConfig
 
     from .test_kv_events import events_of
 

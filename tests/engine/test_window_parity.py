@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.kv.admin import CacheStatsOp
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from tests.tiny_models import WINDOWS
 
 from .test_llm_parity import hf_greedy

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from storage.codec import CorruptBlock, verify_block
 from storage.disk import SUFFIX, DiskTier
 from tests.api.servers import fresh_text

@@ -10,8 +10,8 @@ from typing import Any
 
 from api.auth import TENANT_PREFIX, Caller
 from api.observability.engine_stats import CacheCounters, TierOccupancy
+from radixcache.shared.tier_names import TierName
 from radixcache.stats import MissRatioPoint, PrefixInfo
-from radixcache.tier_names import TierName
 
 NO_TENANT = "(no tenant)"
 MAX_CURVE_ERROR = 0.2  # |curve at 1x - measured device hit rate| beyond which we do not advise

@@ -2,7 +2,7 @@
 
 Draft token j pays when the chance that it and the tokens before it are accepted, times what a
 token costs by plain decoding (the step's time over the sequences it decodes), exceeds what one
-more row adds to the step (engine/spec/step_cost.py). So where steps are dear per token (a small
+more row adds to the step (engine/speculative/step_cost.py). So where steps are dear per token (a small
 batch, the last sequences of a wave) drafts are long, and where rows are dear (a full batch)
 only sources that are usually right draft at all.
 

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from radixcache.tier_names import TierName
+from radixcache.shared.tier_names import TierName
 
 # vLLM names the primary KV pool "GPU" and host memory "CPU"; the tiers below get their own names
 MEDIUM = {

@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from radixcache.kv_events_wire import MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored
-from radixcache.tier_names import TierName
+from radixcache.shared.kv_events_wire import MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored
+from radixcache.shared.tier_names import TierName
 
 if TYPE_CHECKING:
+    from engine.kv.events.publisher import ZmqEventPublisher
     from engine.kv.listeners import Committed
-    from engine.kv_events.publisher import ZmqEventPublisher
     from radixcache.hashing import Namespace
     from radixcache.results import EvictedBlock
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kv_cache import KVCache, bytes_per_block
+from engine.kv.paged_cache import KVCache, bytes_per_block
 from radixcache.window_blocks import NULL_BLOCK, blocks_before_hit
 
 

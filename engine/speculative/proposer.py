@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.spec.draft_length import FirstTokenRates
-from engine.spec.prompt_lookup import PromptLookup
+from engine.speculative.draft_length import FirstTokenRates
+from engine.speculative.prompt_lookup import PromptLookup
 
 if TYPE_CHECKING:
     from engine.kv import KVCacheManager
     from engine.request import Sequence
-    from engine.spec.config import SpecConfig
+    from engine.speculative.config import SpecConfig
     from radixcache.suffix_index import SuffixIndex
 
 

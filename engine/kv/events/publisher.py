@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import msgspec
 import zmq
 
-from engine.kv_events.config import KVEventsConfig
-from radixcache.kv_events_wire import END_SEQ_FRAME, EventBatch, KVCacheEvent, seq_frame
+from engine.kv.events.config import KVEventsConfig
+from radixcache.shared.kv_events_wire import END_SEQ_FRAME, EventBatch, KVCacheEvent, seq_frame
 
 log = logging.getLogger(__name__)
 _WAKE_S = 0.02  # longest wait for new events before the replay socket is polled again

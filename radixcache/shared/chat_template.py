@@ -73,7 +73,7 @@ def compile_template(source: str) -> jinja2.Template:
 
 @cache
 def hermes_template() -> str:
-    files = importlib.resources.files("radixcache")
+    files = importlib.resources.files("radixcache.shared")
     return files.joinpath("templates", HERMES_TEMPLATE_FILE).read_text()
 
 

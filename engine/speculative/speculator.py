@@ -2,7 +2,7 @@
 
 draft(batch): each decoding sequence (not constrained: a grammar matcher advances only on
 sampled tokens) may get draft tokens, as many as are expected to pay for their rows
-(engine/spec/draft_length.py, with the step cost fitted in engine/spec/step_cost.py), within the
+(engine/speculative/draft_length.py, with the step cost fitted in engine/speculative/step_cost.py), within the
 token budget the scheduled chunks left and the free KV blocks (never evicting). The runner then
 computes 1 + k rows for it.
 
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.sampler import Sampler, SamplerOutput, SampleRow
-from engine.spec.config import SpecConfig
-from engine.spec.draft_length import SourceRates, draft_plan
-from engine.spec.proposer import DraftProposer, SeqDrafts
-from engine.spec.stats import SpecStats
-from engine.spec.step_cost import StepCost
+from engine.speculative.config import SpecConfig
+from engine.speculative.draft_length import SourceRates, draft_plan
+from engine.speculative.proposer import DraftProposer, SeqDrafts
+from engine.speculative.stats import SpecStats
+from engine.speculative.step_cost import StepCost
 from radixcache.suffix_index import SuffixIndex
 
 if TYPE_CHECKING:
