@@ -18,7 +18,7 @@ from engine.dtypes import AUTO, DTYPES
 from engine.kv.events import KVEventsConfig
 from engine.loader.default_model import DEFAULT_MODEL_NAME, default_cache_dir
 from engine.loader.named_models import NAMED_MODELS
-from engine.speculative.config import SPECULATIVE_MODES
+from engine.speculative.config import SPECULATIVE_MODES, STEP_COST_MODELS
 from radixcache.shared.tier_names import TierName
 from storage.config import DiskFsync, TierConfig, WritePolicy
 
@@ -183,6 +183,18 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=ENGINE.num_speculative_tokens,
         help="most draft tokens per sequence and step (the length adapts below it)",
+    )
+    g.add_argument(
+        "--speculative-step-cost",
+        choices=STEP_COST_MODELS,
+        default=ENGINE.speculative_step_cost,
+        help="what a draft row is weighed against: fitted = the decode steps' measured cost; "
+        "prior = a fixed share of a step (the same requests draft alike on any machine)",
+    )
+    g.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="CUDA: run every decode step eagerly instead of replaying graphs captured at start",
     )
 
 
@@ -381,6 +393,8 @@ def engine_config(args: argparse.Namespace, model_path: Path) -> Any:
         deterministic=args.deterministic,
         speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens,
+        speculative_step_cost=args.speculative_step_cost,
+        cuda_graphs=not args.no_cuda_graphs,
     )
 
 

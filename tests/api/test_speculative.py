@@ -88,12 +88,23 @@ def test_stats_and_metrics_report_acceptance(spec_server) -> None:
 
 def test_serve_flags_reach_the_engine_config(tmp_path: Path) -> None:
     args = build_parser().parse_args(
-        ["serve", "--speculative", "ngram", "--num-speculative-tokens", "3"]
+        [
+            "serve",
+            "--speculative",
+            "ngram",
+            "--num-speculative-tokens",
+            "3",
+            "--speculative-step-cost",
+            "prior",
+            "--no-cuda-graphs",
+        ]
     )
     config = engine_config(args, tmp_path)
     assert (config.speculative, config.num_speculative_tokens) == ("ngram", 3)
+    assert (config.speculative_step_cost, config.cuda_graphs) == ("prior", False)
     default = engine_config(build_parser().parse_args(["serve"]), tmp_path)
-    assert default.speculative == "cache"
+    assert (default.speculative, default.speculative_step_cost) == ("cache", "fitted")
+    assert default.cuda_graphs
     assert engine_config(build_parser().parse_args(["serve", "--speculative", "off"]), tmp_path)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--speculative", "eagle"])
