@@ -1,6 +1,6 @@
 """Where a decode step's time goes on a CUDA GPU: its wall time against the time the GPU spends
 in kernels, how many kernels run and how many launches the host makes for them (torch.profiler),
-with decode steps replayed from CUDA graphs (engine/cuda_graphs.py) and without. A step whose GPU
+with decode steps replayed from CUDA graphs (engine/cuda_graphs/runner.py) and without. A step whose GPU
 is busy for a small share of its wall time is bound by the host (Python, launches), not by the
 GPU. The busy share is read in the profiled steps (the profiler slows the host and adds to each
 kernel). A graph replay is one launch however many kernels it runs.

@@ -51,7 +51,7 @@ class EngineConfig:
     speculative: str = DEFAULT_MODE
     num_speculative_tokens: int = DEFAULT_NUM_TOKENS
     speculative_step_cost: str = DEFAULT_STEP_COST  # engine/speculative/config.py STEP_COST_MODELS
-    # CUDA: decode steps replayed from graphs captured at start (engine/cuda_graphs.py)
+    # CUDA: decode steps replayed from graphs captured at start (engine/cuda_graphs/runner.py)
     cuda_graphs: bool = True
 
     def __post_init__(self) -> None:

@@ -33,7 +33,7 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         # one block past num_blocks that no sequence owns: padded rows of a replayed decode
-        # graph write their K/V there (engine/cuda_graphs.py)
+        # graph write their K/V there (engine/cuda_graphs/runner.py)
         self.scratch_block: int | None = num_blocks if scratch_block else None
         shape = (num_layers, 2, num_blocks + scratch_block, block_size, num_kv_heads, head_dim)
         self.tensor = torch.zeros(shape, dtype=dtype, device=device)

@@ -159,7 +159,7 @@ def check_decode_graphs_with_triton(kernels):
     eager step's logits and K/V."""
     from engine.attention import compute_positions
     from engine.cuda_graphs import DecodeGraphs
-    from engine.graph_backends import EagerReplayBackend
+    from engine.cuda_graphs.backends import EagerReplayBackend
 
     model = tiny_model()
     model.attention = KernelAttention(kernels)

@@ -1,4 +1,4 @@
-"""The decode-graph bookkeeping (engine/cuda_graphs.py) on CPU: buckets, padding, static buffers
+"""The decode-graph bookkeeping (engine/cuda_graphs/runner.py) on CPU: buckets, padding, static buffers
 and which steps replay, driven through the real tiny model with the eager-replay backend (a
 replay re-runs the static-buffer forward, where CUDA replays a graph of it)."""
 
@@ -11,8 +11,8 @@ import torch
 
 from engine.attention import build_attention_metadata, compute_positions
 from engine.cuda_graphs import DecodeGraphs
-from engine.graph_backends import EagerReplayBackend
-from engine.graph_layout import bucket_sizes, pad_layout
+from engine.cuda_graphs.backends import EagerReplayBackend
+from engine.cuda_graphs.layout import bucket_sizes, pad_layout
 from engine.kv.paged_cache import KVCache
 from engine.sampling_params import SamplingParams
 

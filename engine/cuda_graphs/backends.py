@@ -1,5 +1,5 @@
 """What captures a decode step's static-buffer forward and replays it: CUDA graphs, or (CPU,
-tests) the same forward run again at each replay (engine/cuda_graphs.py)."""
+tests) the same forward run again at each replay (engine/cuda_graphs/runner.py)."""
 
 from __future__ import annotations
 

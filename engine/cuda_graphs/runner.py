@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.graph_backends import CudaGraphBackend, GraphBackend, Replay, StepForward
-from engine.graph_layout import PaddedLayout, bucket_sizes, pad_layout
+from engine.cuda_graphs.backends import CudaGraphBackend, GraphBackend, Replay, StepForward
+from engine.cuda_graphs.layout import PaddedLayout, bucket_sizes, pad_layout
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig

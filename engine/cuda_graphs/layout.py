@@ -1,5 +1,5 @@
 """How a decode step is laid out over a graph bucket: the row buckets, and the padding that fills
-a step up to its bucket (engine/cuda_graphs.py)."""
+a step up to its bucket (engine/cuda_graphs/runner.py)."""
 
 from __future__ import annotations
 
