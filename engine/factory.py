@@ -149,7 +149,7 @@ def _build_kv_cache(
             device,
             memory_bytes=config.kv_cache_memory - graph_memory_reserve(config, mc, dtype),
             num_blocks=config.num_blocks,
-            scratch_block=config.cuda_graphs,
+            scratch_block=config.cuda_graphs,  # padding rows of graph steps write here (CPU tests replay graphs eagerly)
         )
     return HybridKVCache.build(
         groups,
