@@ -74,7 +74,7 @@ def create_app(
             templates=ChatTemplates.from_folder(Path(engine_config.model)),
         )
         metrics.watch_engine(state.counters, state.tokens_per_s)
-        publisher = engine.kv.events
+        publisher = engine.kv_events
         if publisher is not None:
             metrics.watch_kv_events(lambda: publisher.stats)
         await asyncio.to_thread(state.sample)
