@@ -354,12 +354,13 @@ def profile_engine(model: Path, dtype: str, workload: str, vocab: int) -> dict:
 
     engine = make_engine(model, dtype, True)
     warm(engine, vocab)
-    cpu0 = time.process_time()
-    t0 = time.perf_counter()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        # the clocks start once the profiler has: its start-up (seconds on a CPU-only build)
+        # is no part of the run, and outside every step range it would read as time between
+        # steps; they stop before its post-processing
+        cpu0, t0 = time.process_time(), time.perf_counter()
         run_workload(engine, workload, vocab, step_range=True)
-        wall = time.perf_counter() - t0  # before the profiler's own post-processing
-        cpu = time.process_time() - cpu0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     b = breakdown(prof.events(), wall)
     c = engine.model.config
     linear_params = (
