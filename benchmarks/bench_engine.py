@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.results_io import write_results
+from benchmarks.step_limit import ModelCosts
 from benchmarks.workloads import (
     GSP_IDEAL_PREFILL,
     MAX_RUNNING,
@@ -362,30 +363,23 @@ def profile_engine(model: Path, dtype: str, workload: str, vocab: int) -> dict:
         run_workload(engine, workload, vocab, step_range=True)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     b = breakdown(prof.events(), wall)
-    c = engine.model.config
-    linear_params = (
-        c.num_hidden_layers
-        * c.hidden_size
-        * (c.q_size + 2 * c.kv_size + c.q_size + 3 * c.intermediate_size)
-    )
-    elem = torch.empty((), dtype=engine.model.dtype).element_size()
-    kv_row = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * elem  # per key
+    costs = ModelCosts.of(engine.model.config, engine.model.dtype)
     engine.close()
     peaks = measure_peaks()
-    head_params = c.vocab_size * c.hidden_size  # lm_head: decode steps sample every row
     figures = {}
     for kind in ("prefill", "mixed", "decode"):
         t = b.seconds.get(f"matmul ({kind})", 0.0)
-        params = linear_params + (head_params if kind == "decode" else 0)
+        # decode steps sample every row: their head matmul counts too
+        params = costs.linear_params + (costs.head_params if kind == "decode" else 0)
         if t and b.tokens[kind]:
             figures[f"matmul GFLOP/s ({kind})"] = 2 * params * b.tokens[kind] / t / 1e9
     decode_s = sum(v for k, v in b.seconds.items() if "decode" in k) or None
     if b.steps["decode"] and b.seconds.get("matmul (decode)"):
-        weight_bytes = (linear_params + head_params) * elem * b.steps["decode"]
+        weight_bytes = costs.weight_bytes * b.steps["decode"]
         figures["decode matmul GB/s (weights)"] = weight_bytes / b.seconds["matmul (decode)"] / 1e9
     if b.seconds.get("attention: decode kernel"):
         figures["decode attention GB/s (KV read)"] = (
-            b.keys["decode"] * kv_row / b.seconds["attention: decode kernel"] / 1e9
+            b.keys["decode"] * costs.kv_bytes_per_key / b.seconds["attention: decode kernel"] / 1e9
         )
     return {
         "workload": workload,
@@ -421,7 +415,7 @@ def print_profile(p: dict) -> None:
     pk = p["peaks"]
     print(
         f"  this CPU: bf16 matmul peak {pk['bf16_matmul_gflops']} GFLOP/s, "
-        f"memory {pk['memory_gbps']} GB/s"
+        f"memory {pk['memory_read_gbps']} GB/s read ({pk['memory_gbps']} GB/s copy)"
     )
 
 

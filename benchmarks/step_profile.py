@@ -3,7 +3,10 @@
 Reads the ranges the engine opens: "engine.step" (one per step, opened by the benchmark),
 "forward.<kind>.t<tokens>.k<keys>" (ModelRunner.execute), "attention" (one per layer, the torch
 backend) and "sample" (Sampler); everything else is classified by op name. Python overhead is
-a range's wall time minus the ops it launched (what the interpreter spent between them)."""
+a range's wall time minus the ops it launched (what the interpreter spent between them).
+
+The run's wall time is taken inside the profiler (its start-up is no part of the run): "between
+steps" is then the benchmark loop's own time, which a sampling profiler finds near zero."""
 
 from __future__ import annotations
 
@@ -14,6 +17,13 @@ MATMUL_OPS = {"mkldnn::_linear_pointwise", "aten::linear", "aten::addmm", "aten:
 DECODE_KERNEL_OPS = {"radixcache::paged_decode"}
 PREFILL_KERNEL_OPS = {"radixcache::paged_prefill"}
 SDPA_OPS = {"aten::_scaled_dot_product_flash_attention_for_cpu"}
+ROW_OPS = {  # the layer's fused row ops (engine/models/row_ops.py), native ones and torch's
+    "radixcache::rms_norm": "row ops: rms norm",
+    "radixcache::add_rms_norm": "row ops: rms norm",
+    "radixcache::silu_mul": "row ops: silu * up",
+    "aten::silu": "row ops: silu * up",
+    "radixcache::rope_store_kv": "row ops: rope + kv write",
+}
 
 
 @dataclass
@@ -75,7 +85,7 @@ def _forward(ev, out: Breakdown) -> None:
         elif c.name in MATMUL_OPS:
             s[f"matmul ({shape.kind})"] += _dur(c)
         else:
-            s["other ops (norm, rope, act, residual, embed)"] += _dur(c)
+            s[ROW_OPS.get(c.name, "other ops (residual, embed, torch row ops)")] += _dur(c)
     s["python: forward (plan, layer loop)"] += _dur(ev) - _ops_time(ev.cpu_children)
 
 
