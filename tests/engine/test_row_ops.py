@@ -10,7 +10,7 @@ from engine.attention.native import load_native
 from engine.models.row_ops import NativeRowOps, RowOps
 
 DTYPES = (torch.float32, torch.bfloat16)
-ROWS = (1, 2, 17, 40)  # 40: more rows than one task of the native ops' parallel loop
+ROWS = (1, 2, 17, 300)  # 300: split over threads by the native ops
 WIDTHS = (576, 100, 37)  # 100, 37: a vector tail, no whole vector
 
 
@@ -95,12 +95,13 @@ def _rope_case(tokens: int, head_dim: int, rotary_dim: int, dtype: torch.dtype):
     cos = torch.ones(tokens, head_dim)
     cos[:, :half], cos[:, half : 2 * half] = freqs.cos(), freqs.cos()
     cos, sin = cos.to(dtype)[:, None], freqs.sin().to(dtype)[:, None]
-    slots = torch.randperm(12 * 4, generator=torch.Generator().manual_seed(tokens))[:tokens]
-    return qk, v, cos, sin, slots, (12, 4, hkv, head_dim)
+    blocks = max(12, tokens)
+    slots = torch.randperm(blocks * 4, generator=torch.Generator().manual_seed(tokens))[:tokens]
+    return qk, v, cos, sin, slots, (blocks, 4, hkv, head_dim)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens", (1, 3, 33))
+@pytest.mark.parametrize("tokens", (1, 3, 33, 200))
 @pytest.mark.parametrize("dims", ((64, 64), (64, 32), (48, 48), (40, 24)))
 def test_rope_store_kv_ropes_and_stores_as_the_reference(native, dtype, tokens, dims):
     qk, v, cos, sin, slots, cache_shape = _rope_case(tokens, *dims, dtype)
@@ -127,17 +128,17 @@ def test_rope_store_kv_refuses_a_slot_outside_the_cache(native):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_row_keeps_its_bits_alone_or_among_many(native, dtype):
     """What the deterministic mode needs: no op's row depends on the rows beside it."""
-    rows, n = 40, 576
+    rows, n = 300, 576
     x = _randn(rows, n, dtype=dtype, seed=11, scale=2.0)
     residual = _randn(rows, n, dtype=dtype, seed=12)
     weight = _randn(n, dtype=dtype, seed=13)
     gate_up = _randn(rows, 2 * n, dtype=dtype, seed=14, scale=3.0)
-    qk, v, cos, sin, slots, cache_shape = _rope_case(33, 64, 64, dtype)
+    qk, v, cos, sin, slots, cache_shape = _rope_case(rows, 64, 64, dtype)
     caches = [torch.zeros(cache_shape, dtype=dtype) for _ in range(2)]
     norm_all = native.add_rms_norm(x, residual.clone(), weight, 1e-6)[0]
     silu_all = native.silu_mul(gate_up)
     rope_all = native.rope_store_kv(qk, v, cos, sin, *caches, slots)
-    for i in (0, 21, 32):
+    for i in (0, 21, 32, 299):
         one = slice(i, i + 1)
         assert torch.equal(
             native.add_rms_norm(x[one], residual[one].clone(), weight, 1e-6)[0], norm_all[one]

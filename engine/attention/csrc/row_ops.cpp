@@ -23,8 +23,11 @@
 
 namespace {
 
-// rows per task: decode-sized calls stay on the calling thread (a fork costs more than they do)
-constexpr int64_t ROWS_PER_TASK = 16;
+// The least rows a task takes: a call of fewer than ~64K values (decode and verify steps) stays
+// on the calling thread, since waking a sleeping worker costs more than the call does.
+inline int64_t rows_per_task(int64_t values_per_row) {
+  return std::max<int64_t>(16, 65536 / std::max<int64_t>(1, values_per_row));
+}
 
 #ifdef __AVX512F__
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -100,7 +103,7 @@ inline void normalize_row(const T* x, const T* w, T* o, int64_t n, float eps) {
 template <typename T>
 void rms_norm_rows(const T* x, int64_t x_stride, const T* w, T* out, int64_t rows, int64_t n,
                    float eps) {
-  at::parallel_for(0, rows, ROWS_PER_TASK, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, rows, rows_per_task(n), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) normalize_row(x + r * x_stride, w, out + r * n, n, eps);
   });
 }
@@ -109,7 +112,7 @@ void rms_norm_rows(const T* x, int64_t x_stride, const T* w, T* out, int64_t row
 template <typename T>
 void add_rms_norm_rows(const T* x, int64_t x_stride, T* residual, int64_t res_stride, const T* w,
                        T* out, int64_t rows, int64_t n, float eps) {
-  at::parallel_for(0, rows, ROWS_PER_TASK, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, rows, rows_per_task(n), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * x_stride;
       T* h = residual + r * res_stride;
@@ -148,8 +151,7 @@ inline __m512 exp16(__m512 x) {
 // out[r] = silu(gate) * up of gate_up[r] = [gate (inter), up (inter)]; silu rounded to T first
 template <typename T>
 void silu_mul_rows(const T* gate_up, int64_t stride, T* out, int64_t rows, int64_t inter) {
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, inter));
-  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, rows, rows_per_task(2 * inter), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* g = gate_up + r * stride;
       const T* u = g + inter;
@@ -212,7 +214,7 @@ template <typename T>
 void rope_store_kv_rows(const T* qk, const T* v, const T* cos, const T* sin, T* out, T* k_cache,
                         T* v_cache, const int64_t* slots, const RopeShape& sh) {
   const int64_t row = sh.kv_heads * sh.d, first_k = sh.heads - sh.kv_heads;
-  at::parallel_for(0, sh.tokens, ROWS_PER_TASK, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, sh.tokens, rows_per_task(sh.heads * sh.d), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const T* c = cos + t * sh.cos_token;
       const T* s = sin + t * sh.sin_token;
