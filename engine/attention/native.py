@@ -22,6 +22,7 @@ SOURCES = (
     Path(__file__).parent / "csrc" / "paged_attention.cpp",
     Path(__file__).parent / "csrc" / "row_ops.cpp",  # a decoder layer's row-wise ops
 )
+HEADERS = (Path(__file__).parent / "csrc" / "vec_exp.h",)  # included by the sources
 # -fopenmp: at::parallel_for is OpenMP inline code, serial without it; libgomp.so.1 is the copy
 # torch already loaded (same soname), so the kernels share torch's thread pool and thread count
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
@@ -33,7 +34,7 @@ def build_dir() -> Path:
     never share (or rebuild over) one folder, even with the same kernels (ninja's build file names
     the sources' paths, so a second checkout's start would rebuild the first one's)."""
     root = os.environ.get("RADIXCACHE_NATIVE_DIR") or Path.home() / ".cache/radixcache/native"
-    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES + HEADERS))
     paths = [str(source.resolve()) for source in SOURCES]
     key.update(repr((paths, CFLAGS, LDFLAGS, torch.__version__, sys.version_info[:2])).encode())
     return Path(root) / key.hexdigest()[:16]

@@ -21,6 +21,12 @@
 #include <immintrin.h>
 #endif
 
+#include "vec_exp.h"
+
+#ifdef __AVX512F__
+using radixcache::exp16;
+#endif
+
 namespace {
 
 // The least rows a task takes: a call of fewer than ~64K values (decode and verify steps) stays
@@ -127,26 +133,6 @@ void add_rms_norm_rows(const T* x, int64_t x_stride, T* residual, int64_t res_st
     }
   });
 }
-
-#ifdef __AVX512F__
-// exp(x) for any float x: 2^n * p(r), r in [-ln2/2, ln2/2], degree-6 polynomial; below -87.3 it
-// gives ~1e-38 (not 0), above 88.7 +inf
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-#endif
 
 // out[r] = silu(gate) * up of gate_up[r] = [gate (inter), up (inter)]; silu rounded to T first
 template <typename T>
