@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.results_io import write_results
+from benchmarks.step_limit import ModelCosts
 from benchmarks.workloads import (
     GSP_IDEAL_PREFILL,
     MAX_RUNNING,
@@ -350,41 +351,37 @@ def profile_engine(model: Path, dtype: str, workload: str, vocab: int) -> dict:
     """One more cache-on run under torch.profiler: the time breakdown, achieved GFLOP/s and GB/s
     (the profiler's own cost inflates the Python figures; the timed rows carry no profiler)."""
     from benchmarks.bench_model import measure_peaks
-    from benchmarks.step_profile import breakdown
+    from benchmarks.step_profile import breakdown, profiler_event_cost
 
     engine = make_engine(model, dtype, True)
     warm(engine, vocab)
-    cpu0 = time.process_time()
-    t0 = time.perf_counter()
+    event_cost = profiler_event_cost()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        # the clocks start once the profiler has: its start-up (seconds on a CPU-only build)
+        # is no part of the run, and outside every step range it would read as time between
+        # steps; they stop before its post-processing
+        cpu0, t0 = time.process_time(), time.perf_counter()
         run_workload(engine, workload, vocab, step_range=True)
-        wall = time.perf_counter() - t0  # before the profiler's own post-processing
-        cpu = time.process_time() - cpu0
-    b = breakdown(prof.events(), wall)
-    c = engine.model.config
-    linear_params = (
-        c.num_hidden_layers
-        * c.hidden_size
-        * (c.q_size + 2 * c.kv_size + c.q_size + 3 * c.intermediate_size)
-    )
-    elem = torch.empty((), dtype=engine.model.dtype).element_size()
-    kv_row = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * elem  # per key
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    b = breakdown(prof.events(), wall, event_cost)
+    costs = ModelCosts.of(engine.model.config, engine.model.dtype)
     engine.close()
     peaks = measure_peaks()
-    head_params = c.vocab_size * c.hidden_size  # lm_head: decode steps sample every row
     figures = {}
     for kind in ("prefill", "mixed", "decode"):
         t = b.seconds.get(f"matmul ({kind})", 0.0)
-        params = linear_params + (head_params if kind == "decode" else 0)
+        # decode steps sample every row: their head matmul counts too
+        params = costs.linear_params + (costs.head_params if kind == "decode" else 0)
         if t and b.tokens[kind]:
             figures[f"matmul GFLOP/s ({kind})"] = 2 * params * b.tokens[kind] / t / 1e9
     decode_s = sum(v for k, v in b.seconds.items() if "decode" in k) or None
     if b.steps["decode"] and b.seconds.get("matmul (decode)"):
-        weight_bytes = (linear_params + head_params) * elem * b.steps["decode"]
+        weight_bytes = costs.weight_bytes * b.steps["decode"]
         figures["decode matmul GB/s (weights)"] = weight_bytes / b.seconds["matmul (decode)"] / 1e9
-    if b.seconds.get("attention: decode kernel"):
+    decode_kernel = b.seconds.get("attention: decode kernel (decode)")  # decode-only steps
+    if decode_kernel:  # whose keys the range names give
         figures["decode attention GB/s (KV read)"] = (
-            b.keys["decode"] * kv_row / b.seconds["attention: decode kernel"] / 1e9
+            b.keys["decode"] * costs.kv_bytes_per_key / decode_kernel / 1e9
         )
     return {
         "workload": workload,
@@ -401,6 +398,7 @@ def profile_engine(model: Path, dtype: str, workload: str, vocab: int) -> dict:
         )
         / max(1, b.layers_seen),
         "figures": figures,
+        "profiler_us_per_op": 1e6 * event_cost,
         "peaks": peaks,
         "decode_attention_s": decode_s,
     }
@@ -414,13 +412,16 @@ def print_profile(p: dict) -> None:
     )
     for name, sec in sorted(p["seconds"].items(), key=lambda kv: -kv[1]):
         print(f"  {name:<48} {sec:8.2f} s {100 * sec / p['wall_s']:5.1f}%")
-    print(f"  python per layer per step: {p['python_us_per_layer']:.0f} us")
+    print(
+        f"  python per layer per step: {p['python_us_per_layer']:.0f} us (the profiler's cost, "
+        f"{p['profiler_us_per_op']:.1f} us per recorded op, taken out)"
+    )
     for name, value in p["figures"].items():
         print(f"  {name:<48} {value:8.1f}")
     pk = p["peaks"]
     print(
         f"  this CPU: bf16 matmul peak {pk['bf16_matmul_gflops']} GFLOP/s, "
-        f"memory {pk['memory_gbps']} GB/s"
+        f"memory {pk['memory_read_gbps']} GB/s read ({pk['memory_gbps']} GB/s copy)"
     )
 
 

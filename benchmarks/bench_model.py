@@ -7,7 +7,14 @@ of 16 sequences with 1,100 tokens of context each (private blocks; and sharing a
 
     python -m benchmarks.bench_model [--reps 5] [--dtypes float32,bfloat16] [--threads 2]
 
-It also measures this CPU's bf16 matmul peak and memory bandwidth (measure_peaks).
+It also measures this CPU's bf16 matmul peak and memory bandwidth (measure_peaks) and prints each
+row's limit, the least time the step can take here (benchmarks/step_limit.py), and "x limit",
+the measured time over it:
+
+    bytes = weights of every projection and the head + K and V of every distinct key attended
+    flops = 2 * projection params * new tokens + 2 * head params * sequences
+            + 4 * Hq * D * layers * keys attended
+    limit = max(bytes / memory read bandwidth, flops / bf16 matmul peak)
 
     python -m benchmarks.bench_model --attention [--reps 7]
 
@@ -26,6 +33,7 @@ import time
 import torch
 
 from benchmarks.results_io import write_results
+from benchmarks.step_limit import ModelCosts, step_limit
 from engine.attention import (
     TorchAttention,
     build_attention_metadata,
@@ -95,7 +103,8 @@ def _best_seconds(fn, reps: int) -> float:
 def measure_peaks(reps: int = 5) -> dict[str, float]:
     """This CPU's bf16 matmul rate (packed oneDNN weight, a prefill-sized [2048 x 576] @
     [576 x 3072] product, the model's largest) and memory bandwidth (a 256 MiB copy, read +
-    written bytes), at the current torch thread count: what engine figures are read against."""
+    written bytes; and a 256 MiB sum, read bytes: what a step does with its weights and KV), at
+    the current torch thread count: what engine figures are read against."""
     from engine.models.packed_linear import linear, pack_weight
 
     x = torch.randn(2048, 576, dtype=torch.bfloat16)
@@ -106,9 +115,11 @@ def measure_peaks(reps: int = 5) -> dict[str, float]:
     src.fill_(1.0)
     dst = torch.empty_like(src)
     copy = _best_seconds(lambda: dst.copy_(src), reps)
+    read = _best_seconds(src.sum, reps)
     return {
         "bf16_matmul_gflops": round(2 * 2048 * 576 * 3072 / matmul / 1e9, 1),
         "memory_gbps": round(2 * src.numel() * 4 / copy / 1e9, 1),
+        "memory_read_gbps": round(src.numel() * 4 / read / 1e9, 1),
     }
 
 
@@ -177,7 +188,9 @@ def attention_rows(dtypes: list[str], reps: int) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
@@ -197,39 +210,58 @@ def main() -> None:
         return
     torch.manual_seed(0)
     path = ensure_default_model()
+    peaks = measure_peaks()
     rows = []
     for dtype_name in args.dtypes.split(","):
         model = load_model(path, torch_dtype(dtype_name), "cpu")
+        costs = ModelCosts.of(model.config, model.dtype)
         kv = KVCache.for_model(model, 1200, BLOCK).tensor
         kv.normal_()
         for name in args.workloads.split(","):
             seconds, cpu_seconds = time_step(model, kv, name, args.reps)
-            tokens = sum(workload(name)[0])
+            query_lens, seq_lens, tables = workload(name)
+            limit = step_limit(
+                costs,
+                query_lens,
+                seq_lens,
+                tables,
+                BLOCK,
+                peaks["memory_read_gbps"],
+                peaks["bf16_matmul_gflops"],
+            )
             rows.append(
                 {
                     "workload": name,
                     "dtype": dtype_name,
-                    "tokens": tokens,
+                    "tokens": sum(query_lens),
                     "ms": round(seconds * 1e3, 2),
                     "cpu_ms": round(cpu_seconds * 1e3, 2),
-                    "tokens_per_s": round(tokens / seconds, 1),
+                    "tokens_per_s": round(sum(query_lens) / seconds, 1),
+                    "limit_ms": round(limit.seconds * 1e3, 2),
+                    "limit_mb": round(limit.bytes / 1e6, 1),
+                    "limit_gflop": round(limit.flops / 1e9, 2),
+                    "bound": "memory" if limit.memory_s >= limit.compute_s else "compute",
+                    "x_limit": round(seconds / limit.seconds, 2),
                 }
             )
             r = rows[-1]
             print(f"  {r['workload']:<28} {r['dtype']:<9} {r['ms']:>9.2f} ms", flush=True)
-    peaks = measure_peaks()
     load = os.getloadavg()[0]
-    header = f"{'workload':<28} {'dtype':<9} {'tokens':>6} {'ms':>9} {'cpu ms':>9} {'tokens/s':>10}"
     print(f"\nthreads={torch.get_num_threads()} torch={torch.__version__} load={load:.1f}")
     print(
-        f"peak: bf16 matmul {peaks['bf16_matmul_gflops']} GFLOP/s, "
-        f"memory {peaks['memory_gbps']} GB/s (copy, read + write)"
+        f"peak: bf16 matmul {peaks['bf16_matmul_gflops']} GFLOP/s, memory "
+        f"{peaks['memory_read_gbps']} GB/s read ({peaks['memory_gbps']} GB/s copy, read + write)"
     )
-    print(header)
+    print("limit = max(bytes / read bandwidth, flops / matmul peak) (benchmarks/step_limit.py)")
+    print(
+        f"{'workload':<28} {'dtype':<9} {'tokens':>6} {'ms':>9} {'cpu ms':>9} {'tokens/s':>10} "
+        f"{'MB':>7} {'GFLOP':>7} {'limit ms':>9} {'bound':>7} {'x limit':>8}"
+    )
     for r in rows:
         print(
             f"{r['workload']:<28} {r['dtype']:<9} {r['tokens']:>6} {r['ms']:>9.2f} "
-            f"{r['cpu_ms']:>9.2f} {r['tokens_per_s']:>10.1f}"
+            f"{r['cpu_ms']:>9.2f} {r['tokens_per_s']:>10.1f} {r['limit_mb']:>7.1f} "
+            f"{r['limit_gflop']:>7.2f} {r['limit_ms']:>9.2f} {r['bound']:>7} {r['x_limit']:>8.2f}"
         )
     print(f"wrote {write_results('bench_model', rows, peaks=peaks)}")
 

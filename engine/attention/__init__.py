@@ -34,9 +34,11 @@ class AttentionBackend(Protocol):
         plan: Any,
         scale: float,
         window: int | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
         """Attention of q's rows over their sequences' keys (causal); window W: the query at
-        position p attends only keys [max(0, p - W + 1), p] (a sliding-window layer)."""
+        position p attends only keys [max(0, p - W + 1), p] (a sliding-window layer).
+        kv_stored: k and v are in the caches already (RowOps.rope_store_kv), not stored again."""
         ...
 
 

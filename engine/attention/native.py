@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 
 SOURCES = (
     Path(__file__).parent / "csrc" / "paged_attention.cpp",
-    Path(__file__).parent / "csrc" / "row_ops.cpp",  # a decoder layer's RMSNorm, one op
+    Path(__file__).parent / "csrc" / "row_ops.cpp",  # a decoder layer's row-wise ops
 )
+HEADERS = (Path(__file__).parent / "csrc" / "vec_exp.h",)  # included by the sources
 # -fopenmp: at::parallel_for is OpenMP inline code, serial without it; libgomp.so.1 is the copy
 # torch already loaded (same soname), so the kernels share torch's thread pool and thread count
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
@@ -33,7 +34,7 @@ def build_dir() -> Path:
     never share (or rebuild over) one folder, even with the same kernels (ninja's build file names
     the sources' paths, so a second checkout's start would rebuild the first one's)."""
     root = os.environ.get("RADIXCACHE_NATIVE_DIR") or Path.home() / ".cache/radixcache/native"
-    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES + HEADERS))
     paths = [str(source.resolve()) for source in SOURCES]
     key.update(repr((paths, CFLAGS, LDFLAGS, torch.__version__, sys.version_info[:2])).encode())
     return Path(root) / key.hexdigest()[:16]
@@ -118,7 +119,31 @@ class NativeKernels:
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x [rows, n] -> RMSNorm(x) * weight (float32 statistics; one op)."""
-        return torch.ops.radixcache.rms_norm(x, weight, eps)
+        return torch.ops.radixcache.rms_norm.default(x, weight, eps)
+
+    @staticmethod
+    def add_rms_norm(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """residual [rows, n] += x (in place, rounded to the dtype) -> RMSNorm(residual) * weight."""
+        return torch.ops.radixcache.add_rms_norm.default(x, residual, weight, eps)
+
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [rows, 2 * inter] -> silu(gate) * up [rows, inter] (silu rounded first)."""
+        return torch.ops.radixcache.silu_mul.default(gate_up)
+
+    @staticmethod
+    def rope_store_kv(
+        qk: torch.Tensor,  # [T, Hq + Hkv, D], heads of D contiguous values
+        v: torch.Tensor,  # [T, Hkv, D]
+        cos: torch.Tensor,  # [T, 1, D]: [cos, cos, 1...]
+        sin: torch.Tensor,  # [T, 1, rotary_dim / 2]
+        k_cache: torch.Tensor,  # [num_blocks, bs, Hkv, D], contiguous
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,  # int64 [T]
+    ) -> torch.Tensor:  # [T, Hq + Hkv, D]: qk roped; its k heads and v stored at the slots
+        return torch.ops.radixcache.rope_store_kv.default(qk, v, cos, sin, k_cache, v_cache, slots)
 
     @staticmethod
     def paged_decode(

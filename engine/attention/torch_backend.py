@@ -12,6 +12,7 @@ sequence's keys in place.
 from __future__ import annotations
 
 import torch
+from torch._C._autograd import _profiler_enabled
 from torch.profiler import record_function
 
 from engine.attention.metadata import AttentionMetadata
@@ -119,16 +120,24 @@ class TorchAttention:
         plan: TorchPlan,
         scale: float,
         window: int | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
+        """kv_stored: k and v are in the caches already (RowOps.rope_store_kv wrote them)."""
         if window is not None and window < 1:
             raise ValueError(f"sliding window must be at least 1, got {window}")
         plan, window = self._windowed(plan, window)
+        if not kv_stored:
+            write_kv(k, v, k_cache, v_cache, plan.slot_mapping)
+        if not _profiler_enabled():  # a range costs as much as a small op: only when read
+            return self._forward(q, k, v, k_cache, v_cache, plan, scale, window)
         with record_function("attention"):
             return self._forward(q, k, v, k_cache, v_cache, plan, scale, window)
 
     def _forward(self, q, k, v, k_cache, v_cache, plan: TorchPlan, scale: float, window):
-        # q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]; the plan is the window's (_windowed)
-        write_kv(k, v, k_cache, v_cache, plan.slot_mapping)
+        # q [T, Hq, D], k/v [T, Hkv, D] (in the caches already) -> [T, Hq, D]; the plan is the
+        # window's (_windowed)
+        if plan.decode_only:  # the kernel's output is the whole result
+            return self._native_decode(q, k_cache, v_cache, plan.decode, scale, None, window)
         t, hq, _ = q.shape
         out = torch.empty_like(q)
         lse = torch.empty(t, hq, dtype=torch.float32, device=q.device) if plan.shared else None
@@ -218,15 +227,19 @@ class TorchAttention:
 
     def _native_decode(
         self, q, k_cache, v_cache, plan: NativeDecode, scale: float, out, window
-    ) -> None:
+    ) -> torch.Tensor:
+        """The decode rows' attention, into out's rows (out None: returned as it is)."""
         qd = q[plan.row_slice] if plan.row_slice is not None else q.index_select(0, plan.rows)
         o = self.native.paged_decode(
             qd, k_cache, v_cache, plan.block_tables, plan.seq_lens, scale, plan.shared, window
         )
+        if out is None:
+            return o
         if plan.row_slice is not None:
             out[plan.row_slice] = o
         else:
             out.index_copy_(0, plan.rows, o)
+        return out
 
     @staticmethod
     def _shared(q, k_cache, v_cache, group: SharedPrefix, scale: float):

@@ -6,6 +6,7 @@ Built once per step from the backend-neutral AttentionMetadata and read by every
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -131,6 +132,17 @@ class TorchPlan:
     native_prefill: NativePrefill | None = None
     meta: AttentionMetadata | None = None  # what it was built from
     windowed: dict[int, TorchPlan] = field(default_factory=dict)  # window -> its plan (lazy)
+
+    @cached_property
+    def decode_only(self) -> bool:
+        """Every row of the step is a native decode row, in order (the kernel's output is the
+        whole result)."""
+        d = self.decode
+        return (
+            isinstance(d, NativeDecode)
+            and d.row_slice == slice(0, len(self.slot_mapping))
+            and not (self.shared or self.causal or self.prefills or self.native_prefill)
+        )
 
 
 def _shared_prefixes(

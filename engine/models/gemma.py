@@ -8,30 +8,20 @@ layers use their own rope base (rope_local_base_freq); optional final logit soft
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
 from engine.attention import AttentionBackend
 from engine.models.config import ModelConfig
 from engine.models.gemma_config import GemmaOptions
-from engine.models.llama import DecoderLayer, LlamaForCausalLM, RowOps, _param
+from engine.models.llama import DecoderLayer, LayerKV, LlamaForCausalLM, _param
 from engine.models.packed_linear import linear
-from engine.models.rope import apply_rope
+from engine.models.row_ops import RowOps
 
 
-def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x * rsqrt(mean(x^2) + eps) * weight in float32, cast back; weight: (1 + w), float32."""
-    x32 = x.float()
-    out = x32 * x32.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
-    return out.mul_(weight).to(x.dtype)
-
-
-def _rows_norm(ops: RowOps, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """gemma_rms_norm of [rows, n] activations, through the native op where it built."""
-    if ops.native is None:
-        return gemma_rms_norm(x, weight, eps)
+def _norm(ops: RowOps, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: x * rsqrt(mean(x^2) + eps) * weight in float32 throughout (weight:
+    (1 + w), float32), cast back: ops.rms_norm of x in float32 computes exactly that."""
     return ops.rms_norm(x.float(), weight, eps).to(x.dtype)
 
 
@@ -49,35 +39,36 @@ class GemmaDecoderLayer(DecoderLayer):
 
     def forward(
         self,
-        h: torch.Tensor,  # [T, hidden] residual stream
+        h: torch.Tensor,  # [T, hidden]: the previous layer's output (the embeddings at layer 0)
+        residual: torch.Tensor | None,  # [T, hidden]: the stream before h (None at layer 0)
         cos: torch.Tensor,  # [T, 1, head_dim] of this layer's rope (local or global)
         sin: torch.Tensor,  # [T, 1, head_dim / 2]
-        k_cache: torch.Tensor,  # [num_blocks, bs, Hkv, D]
-        v_cache: torch.Tensor,
-        plan: Any,
+        kv: LayerKV,
         attn: AttentionBackend,
         ops: RowOps,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (this layer's output, the stream before it), as DecoderLayer.forward."""
         t, eps, packed = h.shape[0], self.eps, self.packed
-        x = _rows_norm(ops, h, self.input_layernorm, eps)
+        stream = h if residual is None else residual + h
+        x = _norm(ops, stream, self.input_layernorm, eps)
         qkv = linear(x, self.qkv_proj, self.qkv_bias, packed.get("qkv_proj"))
         q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, -1, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
-        qk = torch.cat(
-            [gemma_rms_norm(q, self.q_norm, eps), gemma_rms_norm(k, self.k_norm, eps)], 1
-        )
-        qk = apply_rope(qk, cos, sin)
+        qk = torch.cat([_norm(ops, q, self.q_norm, eps), _norm(ops, k, self.k_norm, eps)], 1)
+        qk = ops.rope_store_kv(qk, v, cos, sin, kv.k_cache, kv.v_cache, kv.slots)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        o = attn.forward(q, k, v, k_cache, v_cache, plan, self.scale, self.window)
+        o = attn.forward(
+            q, k, v, kv.k_cache, kv.v_cache, kv.plan, self.scale, self.window, kv_stored=True
+        )
         o = linear(o.view(t, self.q_size), self.o_proj, self.o_bias, packed.get("o_proj"))
-        h = h + _rows_norm(ops, o, self.post_attention_layernorm, eps)
-        x = _rows_norm(ops, h, self.pre_feedforward_layernorm, eps)
+        stream = stream + _norm(ops, o, self.post_attention_layernorm, eps)
+        x = _norm(ops, stream, self.pre_feedforward_layernorm, eps)
         gate_up = linear(x, self.gate_up_proj, self.gate_up_bias, packed.get("gate_up_proj"))
         gate, up = gate_up.chunk(2, dim=-1)
         y = F.gelu(gate, approximate="tanh") * up
         y = linear(y, self.down_proj, self.down_bias, packed.get("down_proj"))
-        return h + _rows_norm(ops, y, self.post_feedforward_layernorm, eps)
+        return _norm(ops, y, self.post_feedforward_layernorm, eps), stream
 
 
 class GemmaForCausalLM(LlamaForCausalLM):
@@ -121,8 +112,8 @@ class GemmaForCausalLM(LlamaForCausalLM):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed_tokens) * self.embed_scale
 
-    def final_norm(self, h: torch.Tensor, ops: RowOps) -> torch.Tensor:
-        return _rows_norm(ops, h, self.norm, self.config.rms_norm_eps)
+    def final_norm(self, h: torch.Tensor, residual: torch.Tensor, ops: RowOps) -> torch.Tensor:
+        return _norm(ops, residual + h, self.norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

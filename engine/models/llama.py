@@ -13,17 +13,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata, make_attention_backend
-from engine.attention.native import NativeKernels, load_native
 from engine.models.config import ModelConfig
 from engine.models.packed_linear import PackedWeight, linear, pack_weight
-from engine.models.rope import LayerRopes, apply_rope
+from engine.models.rope import LayerRopes
+from engine.models.row_ops import RowOps
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x * rsqrt(mean(x^2) + eps) * weight over the last dim (float32 statistics)."""
-    inv = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
-    inv = inv.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
-    return (x * inv.to(x.dtype)).mul_(weight)
+@dataclass(frozen=True)
+class LayerKV:
+    """Where one layer's K/V live this step: its pool's rows, the backend's plan over that pool
+    and the slots of the step's new tokens in it."""
+
+    k_cache: torch.Tensor  # [num_blocks, bs, Hkv, D]
+    v_cache: torch.Tensor
+    plan: Any  # attn.plan(meta) of the pool's metadata
+    slots: torch.Tensor  # int64 [T]: meta.slot_mapping
 
 
 @dataclass(frozen=True)
@@ -34,34 +38,22 @@ class WindowedKV:
     meta: AttentionMetadata  # the batch's layout over the window pool's block tables
     layers: tuple[int, ...]  # the windowed layers, in order (the rest are in the full pool)
 
-    def layer_pools(
-        self, full: torch.Tensor, full_plan: Any, window_plan: Any
-    ) -> list[tuple[torch.Tensor, int, Any]]:
-        """(pool, row in it, plan) of every layer."""
+    def layer_kvs(
+        self, full: torch.Tensor, full_plan: Any, full_slots: torch.Tensor, window_plan: Any
+    ) -> list[LayerKV]:
+        """Every layer's LayerKV, in the full pool (with full_plan and its slots) or this one."""
         windowed = set(self.layers)
         out, rows = [], [0, 0]
         for i in range(len(self.layers) + full.shape[0]):
             g = 1 if i in windowed else 0
-            out.append((self.tensor, rows[1], window_plan) if g else (full, rows[0], full_plan))
+            pool, plan, slots = (
+                (self.tensor, window_plan, self.meta.slot_mapping)
+                if g
+                else (full, full_plan, full_slots)
+            )
+            out.append(LayerKV(pool[rows[g], 0], pool[rows[g], 1], plan, slots))
             rows[g] += 1
         return out
-
-
-class RowOps:
-    """A layer's RMSNorm on [rows, n] activations: the native op where it built (CPU; one
-    dispatch instead of six), torch's otherwise."""
-
-    def __init__(self, native: NativeKernels | None) -> None:
-        self.native = native
-
-    @staticmethod
-    def for_device(device: torch.device) -> RowOps:
-        return RowOps(load_native() if device.type == "cpu" else None)
-
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        if self.native is None:
-            return rms_norm(x, weight, eps)
-        return self.native.rms_norm(x, weight, eps)
 
 
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -108,36 +100,39 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        h: torch.Tensor,  # [T, hidden] residual stream
+        h: torch.Tensor,  # [T, hidden]: the previous layer's output (the embeddings at layer 0)
+        residual: torch.Tensor | None,  # [T, hidden]: the stream before h (None at layer 0)
         cos: torch.Tensor,  # [T, 1, head_dim]
         sin: torch.Tensor,  # [T, 1, rotary_dim / 2]
-        k_cache: torch.Tensor,  # [num_blocks, bs, Hkv, D]
-        v_cache: torch.Tensor,
-        plan: Any,  # attn.plan(meta) of this step
+        kv: LayerKV,
         attn: AttentionBackend,
         ops: RowOps,
-    ) -> torch.Tensor:
-        t = h.shape[0]
-        x = ops.rms_norm(h, self.input_layernorm, self.eps)
-        packed = self.packed
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (this layer's output, the stream before it): the stream is residual + h, added
+        by the next norm (ops.add_rms_norm) rather than here."""
+        t, eps, packed = h.shape[0], self.eps, self.packed
+        if residual is None:
+            x, residual = ops.rms_norm(h, self.input_layernorm, eps), h
+        else:
+            x, residual = ops.add_rms_norm(h, residual, self.input_layernorm, eps)
         qkv = linear(x, self.qkv_proj, self.qkv_bias, packed.get("qkv_proj"))
         # q and k heads side by side: [T, Hq + Hkv, D] (a view), roped in one go
         qk = qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q = rms_norm(qk[:, : self.num_heads], self.q_norm, self.eps)
-            k = rms_norm(qk[:, self.num_heads :], self.k_norm, self.eps)
+            q = ops.rms_norm(qk[:, : self.num_heads], self.q_norm, eps)
+            k = ops.rms_norm(qk[:, self.num_heads :], self.k_norm, eps)
             qk = torch.cat([q, k], dim=1)
-        qk = apply_rope(qk, cos, sin)
+        qk = ops.rope_store_kv(qk, v, cos, sin, kv.k_cache, kv.v_cache, kv.slots)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        o = attn.forward(q, k, v, k_cache, v_cache, plan, self.scale, self.window)
-        h = h + linear(o.view(t, self.q_size), self.o_proj, self.o_bias, packed.get("o_proj"))
-        x = ops.rms_norm(h, self.post_attention_layernorm, self.eps)
-        gate_up = linear(x, self.gate_up_proj, self.gate_up_bias, packed.get("gate_up_proj"))
-        gate, up = gate_up.chunk(2, dim=-1)
-        return h + linear(
-            F.silu(gate) * up, self.down_proj, self.down_bias, packed.get("down_proj")
+        o = attn.forward(
+            q, k, v, kv.k_cache, kv.v_cache, kv.plan, self.scale, self.window, kv_stored=True
         )
+        o = linear(o.view(t, self.q_size), self.o_proj, self.o_bias, packed.get("o_proj"))
+        x, residual = ops.add_rms_norm(o, residual, self.post_attention_layernorm, eps)
+        gate_up = linear(x, self.gate_up_proj, self.gate_up_bias, packed.get("gate_up_proj"))
+        y = ops.silu_mul(gate_up)
+        return linear(y, self.down_proj, self.down_bias, packed.get("down_proj")), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -196,19 +191,25 @@ class LlamaForCausalLM(nn.Module):
         h = self.embed(input_ids)  # [T, hidden]
         ropes = self.ropes.lookup(positions, meta.max_seqlen_k)  # a table per layer's rope
         plan = self.attention.plan(meta)
-        where = [(kv_cache, i, plan) for i in range(len(self.layers))]
-        if windowed is not None:
-            where = windowed.layer_pools(kv_cache, plan, self.attention.plan(windowed.meta))
-        ops = self.row_ops
-        for layer, (cos, sin), (kv, row, p) in zip(self.layers, ropes, where, strict=True):
-            h = layer(h, cos, sin, kv[row, 0], kv[row, 1], p, self.attention, ops)
-        return self.final_norm(h, ops)
+        if windowed is None:
+            kvs = [
+                LayerKV(kv_cache[i, 0], kv_cache[i, 1], plan, meta.slot_mapping)
+                for i in range(len(self.layers))
+            ]
+        else:
+            window_plan = self.attention.plan(windowed.meta)
+            kvs = windowed.layer_kvs(kv_cache, plan, meta.slot_mapping, window_plan)
+        ops, attn, residual = self.row_ops, self.attention, None
+        for layer, (cos, sin), kv in zip(self.layers, ropes, kvs, strict=True):
+            h, residual = layer.forward(h, residual, cos, sin, kv, attn, ops)
+        return self.final_norm(h, residual, ops)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed_tokens)
 
-    def final_norm(self, h: torch.Tensor, ops: RowOps) -> torch.Tensor:
-        return ops.rms_norm(h, self.norm, self.config.rms_norm_eps)
+    def final_norm(self, h: torch.Tensor, residual: torch.Tensor, ops: RowOps) -> torch.Tensor:
+        """The norm of the stream residual + h after the last layer."""
+        return ops.add_rms_norm(h, residual, self.norm, self.config.rms_norm_eps)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -359,10 +359,11 @@ def test_the_native_rms_norm_matches_transformers_and_keeps_each_row(dtype):
     """The native RMSNorm against transformers' formula (float32 statistics, rounded to the
     dtype before the weight), on strided rows; a row's bits are the same alone or among 100."""
     from engine.attention.native import load_native
-    from engine.models.llama import RowOps
+    from engine.models.row_ops import NativeRowOps
 
-    ops = RowOps(load_native())
-    assert ops.native is not None
+    native = load_native()
+    assert native is not None
+    ops = NativeRowOps(native)
     gen = torch.Generator().manual_seed(3)
     wide = (torch.randn(100, 700, generator=gen) * 3).to(dtype)
     x, weight = wide[:, :576], torch.randn(576, generator=gen).to(dtype)  # rows strided 700
