@@ -37,8 +37,9 @@ def _rms_norm_kernel(
         tl.store(res_ptr + row * stride_r + offs, x, mask=mask)
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / n + eps)
-    # as torch: (x * inv in x's dtype) * weight
-    scaled = (xf * inv.to(x.dtype).to(tl.float32)).to(x.dtype)
+    # as the reference (engine/models/row_ops.py, transformers' rounding): x * inv in float32,
+    # rounded to x's dtype, then times the weight
+    scaled = (xf * inv).to(x.dtype)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)
     y = scaled.to(tl.float32) * w.to(tl.float32)
     tl.store(y_ptr + row * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=mask)

@@ -28,7 +28,11 @@ class RowOps:
 
     @staticmethod
     def for_device(device: torch.device) -> RowOps:
-        """The native ops on CPU where they build; the torch ones otherwise."""
+        """The triton kernels on CUDA; the native ops on CPU where they build; else torch's."""
+        if device.type == "cuda":
+            from engine.attention.triton_row_ops import TritonRowOps
+
+            return TritonRowOps()  # type: ignore[return-value]
         native = load_native() if device.type == "cpu" else None
         return NativeRowOps(native) if native is not None else RowOps()
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.models.llama import rms_norm
+from engine.models.row_ops import rms_norm
 from engine.models.rope import apply_rope
 
 ROW_COUNTS = (1, 5)
