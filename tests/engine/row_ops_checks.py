@@ -9,8 +9,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.models.row_ops import rms_norm
 from engine.models.rope import apply_rope
+from engine.models.row_ops import rms_norm
 
 ROW_COUNTS = (1, 5)
 DTYPES = (torch.float32, torch.bfloat16)
