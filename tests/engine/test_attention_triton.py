@@ -96,8 +96,9 @@ class KernelAttention:
     def plan(self, meta):
         return meta
 
-    def forward(self, q, k, v, k_cache, v_cache, meta, scale, window=None):
-        self.kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    def forward(self, q, k, v, k_cache, v_cache, meta, scale, window=None, kv_stored=False):
+        if not kv_stored:  # the layer's row ops stored them (RowOps.rope_store_kv)
+            self.kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         self.kernels.paged_attention(q, k_cache, v_cache, out, meta, scale, window)
         return out
