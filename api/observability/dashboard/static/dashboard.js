@@ -206,10 +206,13 @@ function drawPrefixes(prefixes, isAdmin) {
 const TOP_KEYS = 10;
 
 function drawKeys(keys) {
-  // /v1/cache/stats lists the caller's keys busiest first; the rest are summed in "other"
+  // the caller's keys from /v1/cache/stats, busiest first (sorted again: a JS object puts
+  // integer-like keys first); the keys folded away are summed in "other"
   const body = document.querySelector("#keys tbody");
   body.replaceChildren();
-  const rows = Object.entries(keys.keys).slice(0, TOP_KEYS);
+  const rows = Object.entries(keys.keys)
+    .sort(([a, x], [b, y]) => y.requests - x.requests || (a < b ? -1 : 1))
+    .slice(0, TOP_KEYS);
   rows.forEach(([label, k]) => {
     const row = body.insertRow();
     cell(row, label, "key");
