@@ -63,7 +63,7 @@ class KeysView:
 
 class PromptCacheKeys:
     """Plain counters, updated on the event loop as requests finish; read by the stats routes and
-    the metrics collector."""
+    (`tracked`, `folded` only) the metrics collector."""
 
     def __init__(self, max_keys: int = DEFAULT_MAX_KEYS) -> None:
         if max_keys < 1:
@@ -73,14 +73,11 @@ class PromptCacheKeys:
         self._other: dict[str, KeyCounts] = {}  # scope -> counts of its folded keys
         self._folded: dict[str, int] = {}  # scope -> keys folded
         self._tenants: dict[str, str | None] = {}  # scope -> its tenant
+        self.folded = 0  # keys folded, every scope (read by the metrics scrape, off the loop)
 
     @property
     def tracked(self) -> int:
         return len(self._keys)
-
-    @property
-    def folded(self) -> int:
-        return sum(self._folded.values())
 
     def record(self, caller: Caller, key: str, prompt_tokens: int, cached_tokens: int) -> None:
         scope = caller.cache_salt(None)
@@ -124,3 +121,4 @@ class PromptCacheKeys:
         (scope, _), counts = self._keys.popitem(last=False)
         self._other.setdefault(scope, KeyCounts()).add(counts)
         self._folded[scope] = self._folded.get(scope, 0) + 1
+        self.folded += 1
