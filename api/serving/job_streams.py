@@ -1,6 +1,6 @@
-"""Drives one HTTP request's engine jobs: admits them, merges their output streams, observes
-latencies, and aborts whatever is unfinished when the consumer stops (client gone, error,
-cancellation)."""
+"""Drives one HTTP request's engine jobs: builds and admits them, merges their output streams,
+observes latencies, tells the request's analytics once all finished, and aborts whatever is
+unfinished when the consumer stops (client gone, error, cancellation)."""
 
 from __future__ import annotations
 
