@@ -22,6 +22,7 @@ from api.errors import install_error_handlers
 from api.observability import history_routes
 from api.observability.dashboard import routes as dashboard_routes
 from api.observability.metrics import ApiMetrics
+from api.observability.prompt_cache_keys import PromptCacheKeys
 from api.observability.stats_history import StatsHistory
 from api.openai import routes as openai_routes
 from api.openai import tokenize_routes
@@ -72,8 +73,10 @@ def create_app(
             history=StatsHistory(api_config.stats_history_s, api_config.stats_interval_s),
             flops_per_token=2.0 * engine.num_parameters,
             templates=ChatTemplates.from_folder(Path(engine_config.model)),
+            prompt_cache_keys=PromptCacheKeys(api_config.tracked_prompt_cache_keys),
         )
         metrics.watch_engine(state.counters, state.tokens_per_s)
+        metrics.watch_prompt_cache_keys(state.prompt_cache_keys)
         publisher = engine.kv_events
         if publisher is not None:
             metrics.watch_kv_events(lambda: publisher.stats)

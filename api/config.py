@@ -38,6 +38,7 @@ class ApiConfig:
     stats_interval_s: float = 5.0  # how often cache counters are sampled for windowed rates
     stats_history_s: float = 3600.0
     metrics_names: str = METRIC_NAMES[0]  # one of METRIC_NAMES
+    tracked_prompt_cache_keys: int = 64  # keys counted apart in /v1/cache/stats (LRU beyond)
     tool_call_parser: str | None = None  # tool-call format; None: the chat template's (hermes)
     # with no key configured, a caller is admin only while this holds: the server is bound to
     # loopback, or --open-admin said so (on a network address anyone could read every prompt)

@@ -1,4 +1,5 @@
-"""Per-app server state: the engine handle, metrics and the history of the sampled counters."""
+"""Per-app server state: the engine handle, metrics, the history of the sampled counters and the
+counts per prompt_cache_key."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from api.config import ApiConfig
 from api.errors import ApiError
 from api.observability.engine_stats import CacheCounters, EngineCounters, read_counters
 from api.observability.metrics import ApiMetrics
+from api.observability.prompt_cache_keys import PromptCacheKeys
 from api.observability.server_counters import ServerCounters, server_counters
 from api.observability.stats_history import StatsHistory
 
@@ -29,6 +31,7 @@ class ServerState:
     started_at: float = field(default_factory=time.time)
     flops_per_token: float = 0.0  # ~2 x parameters: compute a cached prompt token saves
     templates: ChatTemplates = field(default_factory=lambda: ChatTemplates(None))
+    prompt_cache_keys: PromptCacheKeys = field(default_factory=PromptCacheKeys)
 
     @property
     def model_name(self) -> str:

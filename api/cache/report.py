@@ -1,5 +1,6 @@
 """The /v1/cache/stats document: hit rates (overall, per tier, per namespace; since start and over
-a recent window), tokens and compute saved, occupancy and evictions per tier."""
+a recent window), tokens and compute saved, occupancy and evictions per tier. (The routes add the
+counts per prompt_cache_key: api/observability/prompt_cache_keys.py.)"""
 
 from __future__ import annotations
 

@@ -54,6 +54,7 @@ async def stats(
     report = cache_report(
         counters, window, window_minutes, state.started_at, state.flops_per_token, caller
     )
+    report["prompt_cache_keys"] = state.prompt_cache_keys.view(caller).report()
     report["model"] = state.model_name
     report["generation_tokens_per_s"] = round(state.tokens_per_s(), 3)
     return report

@@ -5,7 +5,7 @@ what we share with vLLM, vLLM's (metrics_vllm.py), so dashboards made for vLLM r
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -18,6 +18,9 @@ from api.observability.latency import LatencyRecorder
 from api.observability.pools import layer_types_report
 from engine.speculative.stats import SpecStats
 from radixcache.stats import CacheStats
+
+if TYPE_CHECKING:
+    from api.observability.prompt_cache_keys import PromptCacheKeys
 
 PREFIX = "radixcache"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -176,6 +179,24 @@ class KVEventsCollector(Collector):
         yield _counter("kv_events_replays", "KV event replay requests served", s.replays)
 
 
+class PromptCacheKeysCollector(Collector):
+    """How many prompt_cache_keys are counted apart, and how many were folded away (no label per
+    key: clients choose keys, so their number is unbounded)."""
+
+    def __init__(self, keys: PromptCacheKeys) -> None:
+        self._keys = keys
+
+    def collect(self) -> Iterator[Metric]:
+        yield _gauge(
+            "prompt_cache_keys_tracked", "prompt_cache_keys counted apart", self._keys.tracked
+        )
+        yield _counter(
+            "prompt_cache_keys_folded",
+            "prompt_cache_keys folded into their scope's other counts (least recently used)",
+            self._keys.folded,
+        )
+
+
 class _WithoutCreated(Collector):
     """The registry's metrics less the `_created` series (per registry: prometheus_client's own
     switch is process-wide)."""
@@ -258,6 +279,9 @@ class ApiMetrics:
         self.registry.register(EngineCollector(read, tokens_per_s, shared=not vllm))
         if vllm:
             self.registry.register(metrics_vllm.VllmCollector(read, self.model_name))
+
+    def watch_prompt_cache_keys(self, keys: PromptCacheKeys) -> None:
+        self.registry.register(PromptCacheKeysCollector(keys))
 
     def watch_kv_events(self, read: Callable[[], Any]) -> None:
         self.registry.register(KVEventsCollector(read))

@@ -31,6 +31,7 @@ from radixcache.shared.chat_template import ChatPrompt
 MAX_N = 16
 MAX_STOP = 16
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI
+MAX_PROMPT_CACHE_KEY = 256  # characters
 
 
 def _integral(value: Any) -> Any:
@@ -71,6 +72,8 @@ class _SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: str | None = Field(None, max_length=256)
+    # a routing and analytics label grouping requests that share a prefix (it never isolates)
+    prompt_cache_key: str | None = Field(None, max_length=MAX_PROMPT_CACHE_KEY)
     user: str | None = None  # allow-listed: accepted, ignored
     store: bool | None = None  # allow-listed: accepted, ignored (nothing is stored)
     metadata: dict[str, str] | None = None  # allow-listed: accepted, ignored

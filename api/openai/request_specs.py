@@ -32,6 +32,7 @@ def completion_spec(req: CompletionRequest) -> GenerationSpec:
         default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS,
         logit_bias=req.logit_bias or {},
         cache_salt=req.cache_salt,
+        prompt_cache_key=req.prompt_cache_key,
         constraint_param=param,
     )
 
@@ -64,6 +65,7 @@ def chat_spec(
         max_tokens=req.max_completion_tokens or req.max_tokens,
         logit_bias=req.logit_bias or {},
         cache_salt=req.cache_salt,
+        prompt_cache_key=req.prompt_cache_key,
         constraint_param=param,
     )
     return spec, plan

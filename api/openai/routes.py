@@ -25,8 +25,8 @@ from api.openai.protocol import (
 from api.openai.request_specs import chat_spec, completion_spec
 from api.openai.streams import ResponseHead, chat_events, completion_events
 from api.serving.input_checks import check_model
-from api.serving.job_streams import open_jobs
-from api.serving.request_builder import build_jobs, new_id
+from api.serving.job_streams import start_request
+from api.serving.request_builder import new_id
 from api.serving.respond import respond
 from api.state import ServerState, state_of
 from engine.outputs import RequestResult
@@ -65,7 +65,7 @@ def _head(req: CompletionRequest | ChatCompletionRequest, prefix: str) -> Respon
 async def completions(request: Request) -> Response:
     state, caller, req = await _parse(request, CompletionRequest)
     spec = completion_spec(req)
-    running = open_jobs(state.engine, await build_jobs(state, spec, caller), state.metrics)
+    running = await start_request(state, spec, caller)
     tok = state.engine.tokenizer
     shape = ChoiceShape(req.n, req.logprobs is not None, req.return_token_ids)
     echo = [p if isinstance(p, str) else tok.decode(p) for p in req.prompts()] if req.echo else None
@@ -91,7 +91,7 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     state, caller, req = await _parse(request, ChatCompletionRequest)
     spec, plan = chat_spec(req, state.templates, state.config.tool_call_parser)
-    running = open_jobs(state.engine, await build_jobs(state, spec, caller), state.metrics)
+    running = await start_request(state, spec, caller)
     shape = ChoiceShape(req.n, req.logprobs, req.return_token_ids)
     choices = ChatChoices(state.engine.tokenizer, shape, plan)
     head = _head(req, "chatcmpl")

@@ -17,10 +17,11 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from api.auth import identify
+from api.auth import Caller, identify
 from api.body_limit import BodyLimitMiddleware
 from api.errors import ApiError, install_error_handlers, parse_body
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from api.router.affinity import AffinityKey, KeyAffinity
 from api.router.config import RouterConfig
 from api.router.policy import Router
 from api.router.proxy import (
@@ -51,7 +52,12 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         client = httpx.AsyncClient(timeout=timeout, limits=limits)
         state = RouterState(
-            config, replicas, Router(config.policy, config.balance), tokenizer, client
+            config,
+            replicas,
+            Router(config.policy, config.balance),
+            tokenizer,
+            client,
+            KeyAffinity(config.affinity_keys),
         )
         for r in replicas:
             if r.subscriber is not None:
@@ -123,9 +129,10 @@ def _state(request: Request) -> RouterState:
 
 async def _route(request: Request, path: str, schema: type) -> Response:
     state = _state(request)
-    identify(state.config.api, request)
+    caller = identify(state.config.api, request)
     body = await request.body()
     req = parse_body(body, schema)  # the replicas validate again; bad input stops here as a 4xx
+    key = _affinity_key(caller, req)
     prompt = await asyncio.to_thread(_prompt_ids, state, req)
     tokens, cpu_us = prompt.ids, prompt.cpu_us
     headers = forward_headers(dict(request.headers))
@@ -136,11 +143,13 @@ async def _route(request: Request, path: str, schema: type) -> Response:
         if not candidates:
             break
         t0, c0 = time.perf_counter(), time.thread_time()
-        decision = state.router.choose(candidates, tokens)
+        decision = state.router.choose(candidates, tokens, _home(state, key, candidates))
         r = decision.replica
         tried.add(r.name)
         r.load += 1
         r.sent(tokens)  # before the replica answers: a request for the same prefix follows it
+        if key is not None:
+            state.affinity.learn(key, r.name)  # likewise: the key's next request follows it
         route_us += (time.perf_counter() - t0) * 1e6
         cpu_us += (time.thread_time() - c0) * 1e6
         if prompt.tail:
@@ -150,7 +159,7 @@ async def _route(request: Request, path: str, schema: type) -> Response:
         except UpstreamFailed:
             r.load -= 1
             r.failures += 1
-            r.healthy = False  # the health check puts it back when it answers again
+            state.take_out(r)  # the health check puts it back when it answers again
             continue
         state.overhead.add(prompt.wall_us, route_us, cpu_us)
         r.requests += 1
@@ -164,6 +173,18 @@ async def _route(request: Request, path: str, schema: type) -> Response:
         return await _whole(r, opened)
     state.unrouted += 1
     raise ApiError(503, "No replica could take the request", code="no_replica")
+
+
+def _affinity_key(caller: Caller, req: Any) -> AffinityKey | None:
+    """The request's prompt_cache_key within its caller's tenant (None: it has none)."""
+    key = getattr(req, "prompt_cache_key", None)
+    return None if key is None else (caller.tenant or "", key)
+
+
+def _home(state: RouterState, key: AffinityKey | None, candidates: list[Replica]) -> Replica | None:
+    """Where the key went last, if that replica can take this request."""
+    name = None if key is None else state.affinity.home(key)
+    return next((r for r in candidates if r.name == name), None)
 
 
 @dataclass(frozen=True)

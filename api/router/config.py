@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.config import ApiConfig
+from api.router.affinity import DEFAULT_MAX_KEYS
 from api.router.policy import Balance
 from api.router.replicas import ReplicaSpec
 
@@ -19,6 +20,7 @@ class RouterConfig:
     api: ApiConfig = field(default_factory=ApiConfig)
     block_size: int = 16  # for the approximate trees of replicas without events
     index_blocks: int = 1 << 20  # blocks each replica's index keeps (LRU beyond)
+    affinity_keys: int = DEFAULT_MAX_KEYS  # prompt_cache_keys whose replica is kept (LRU beyond)
     health_interval_s: float = 1.0
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 300.0  # an upstream silent this long mid-response is a failure

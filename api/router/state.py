@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from api.router.affinity import KeyAffinity
 from api.router.config import RouterConfig
 from api.router.policy import Router
 from api.router.replicas import Replica
@@ -64,6 +65,7 @@ class RouterState:
     router: Router
     tokenizer: PromptTokenizer
     client: httpx.AsyncClient
+    affinity: KeyAffinity = field(default_factory=KeyAffinity)
     overhead: Overhead = field(default_factory=Overhead)
     decisions: Counter[str] = field(default_factory=Counter)
     unrouted: int = 0  # requests no replica could take (503)
@@ -83,10 +85,16 @@ class RouterState:
     def candidates(self, tried: set[str]) -> list[Replica]:
         return [r for r in self.replicas if r.healthy and r.name not in tried]
 
+    def take_out(self, r: Replica) -> None:
+        """Out of rotation until a health check sees it answer; its prompt_cache_keys move on."""
+        r.healthy = False
+        self.affinity.forget_replica(r.name)
+
     def stats(self) -> dict:
         return {
             "policy": self.router.policy,
             "decisions": dict(self.decisions),
+            "key_affinity": self.affinity.stats(),
             "unrouted": self.unrouted,
             "overhead": self.overhead.summary(),
             "tokenizer": self.tokenizer.segments.stats(),
@@ -103,9 +111,13 @@ async def check_health(state: RouterState) -> None:
             resp = await state.client.get(
                 f"{r.spec.url}/health", timeout=state.config.connect_timeout_s
             )
-            r.healthy = resp.status_code == 200
+            healthy = resp.status_code == 200
         except httpx.HTTPError:
-            r.healthy = False
+            healthy = False
+        if healthy:
+            r.healthy = True
+        elif r.healthy:
+            state.take_out(r)
 
     await asyncio.gather(*(probe(r) for r in state.replicas))
 

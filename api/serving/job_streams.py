@@ -1,12 +1,12 @@
-"""Drives one HTTP request's engine jobs: admits them, merges their output streams, observes
-latencies, and aborts whatever is unfinished when the consumer stops (client gone, error,
-cancellation)."""
+"""Drives one HTTP request's engine jobs: builds and admits them, merges their output streams,
+observes latencies, tells the request's analytics once all finished, and aborts whatever is
+unfinished when the consumer stops (client gone, error, cancellation)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -15,9 +15,12 @@ from fastapi import Request
 from api.errors import ApiError
 from api.observability.metrics import ApiMetrics
 from api.serving.engine_errors import as_api_error
+from api.serving.request_builder import GenerationSpec, build_jobs
 from engine.outputs import RequestOutput, RequestResult
 
 if TYPE_CHECKING:
+    from api.auth import Caller
+    from api.state import ServerState
     from engine.async_engine import AsyncEngine, RequestStream
     from engine.request import GenerateJob
 
@@ -53,18 +56,35 @@ class Timing:
         self.metrics.e2e.observe(time.perf_counter() - self.arrival)
 
 
+Finished = Callable[[list[RequestResult]], None]
+
+
 @dataclass
 class RunningJobs:
-    """One HTTP request's admitted jobs: their output streams and the latencies they show."""
+    """One HTTP request's admitted jobs: their output streams, the latencies they show, and who
+    is told every job's result once all finished (the request's own analytics)."""
 
     streams: list[RequestStream]
     timing: Timing
+    on_finish: Finished | None = None
+
+
+async def start_request(state: ServerState, spec: GenerationSpec, caller: Caller) -> RunningJobs:
+    """The spec's jobs built and admitted, counted under its prompt_cache_key once finished."""
+    jobs = await build_jobs(state, spec, caller)
+    counted = state.prompt_cache_keys.recorder(caller, spec.prompt_cache_key)
+    return open_jobs(state.engine, jobs, state.metrics, counted)
 
 
 _DONE = object()
 
 
-def open_jobs(engine: AsyncEngine, jobs: list[GenerateJob], metrics: ApiMetrics) -> RunningJobs:
+def open_jobs(
+    engine: AsyncEngine,
+    jobs: list[GenerateJob],
+    metrics: ApiMetrics,
+    on_finish: Finished | None = None,
+) -> RunningJobs:
     """Admits every job or none, before any response starts (so a full queue is a 429)."""
     try:
         streams = engine.open_streams(jobs)
@@ -73,7 +93,7 @@ def open_jobs(engine: AsyncEngine, jobs: list[GenerateJob], metrics: ApiMetrics)
         if isinstance(err, ApiError) and err.status == 429:
             metrics.rejected.inc()
         raise err from exc
-    return RunningJobs(streams, Timing(metrics))
+    return RunningJobs(streams, Timing(metrics), on_finish)
 
 
 async def _pump(index: int, stream: RequestStream, queue: asyncio.Queue) -> None:
@@ -117,6 +137,8 @@ async def stream_outputs(
         results[index].add(out)
         yield index, out
     running.timing.finish()
+    if running.on_finish is not None:
+        running.on_finish(results)
 
 
 async def _wait_disconnect(request: Request) -> None:

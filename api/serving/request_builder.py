@@ -46,6 +46,7 @@ class GenerationSpec:
     default_max_tokens: int | None = None  # None: all the room the context window leaves
     logit_bias: Mapping[str, float] = field(default_factory=dict)  # token id (a JSON key) -> bias
     cache_salt: str | None = None  # the request's own salt, refined by its caller's tenant
+    prompt_cache_key: str | None = None  # a label to count the request under (not a namespace)
     constraint_param: str = "response_format"  # the field a grammar that fails to compile names
 
 

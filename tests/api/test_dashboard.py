@@ -30,12 +30,13 @@ from radixcache.stats import MissRatioPoint
 from storage.config import TierConfig
 from tests.api.servers import ADMIN_KEY, API_KEYS, Server, engine_config, fresh_text, start_server
 
-PANELS = ("hit-rate", "latency", "requests", "tiers", "mrc", "tenants", "prefixes")
+PANELS = ("hit-rate", "latency", "requests", "tiers", "mrc", "tenants", "keys", "prefixes")
 # the picture the README shows; refreshed when RADIXCACHE_SCREENSHOT=1 (a run elsewhere keeps it)
 SCREENSHOT = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "dashboard.png"
 ALICE = "ALICE-SECRET-PROMPT " + fresh_text(45, 301)  # 65 tokens: 4 cached blocks
 BOB = "BOB-SECRET-PROMPT " + fresh_text(47, 302)
 SPILL = "ADMIN-SPILLED-PROMPT " + fresh_text(60, 303)
+ALICE_KEY, BOB_KEY = "alice-support-chat", "bob-batch-job"  # their prompt_cache_keys
 TIMEOUT_MS = 30_000
 
 
@@ -69,8 +70,10 @@ def _send_traffic(handle: Server, rounds: int) -> None:
     admin = bearer(ADMIN_KEY)
     with httpx.Client(base_url=handle.url, timeout=60.0) as client:
 
-        def complete(key: str, prompt: str) -> None:
+        def complete(key: str, prompt: str, cache_key: str | None = None) -> None:
             body = {"model": handle.model, "prompt": prompt, "max_tokens": 4}
+            if cache_key is not None:
+                body["prompt_cache_key"] = cache_key
             r = client.post("/v1/completions", json=body, headers=bearer(key))
             assert r.status_code == 200, r.text
 
@@ -84,9 +87,9 @@ def _send_traffic(handle: Server, rounds: int) -> None:
 
         for i in range(rounds):
             held = samples_held()
-            complete("sk-alice", ALICE)
+            complete("sk-alice", ALICE, ALICE_KEY)
             complete("sk-alice", fresh_text(40, 400 + i))
-            complete("sk-bob", BOB)
+            complete("sk-bob", BOB, BOB_KEY)
             complete(ADMIN_KEY, SPILL)
             r = client.post("/v1/cache/flush", json={"cache_salt": ""}, headers=admin)
             assert r.status_code == 200 and r.json()["flushed_blocks"] > 0
@@ -201,6 +204,17 @@ def test_admin_sees_every_panel_with_the_stats_numbers(open_dashboard, dash_serv
     assert {"alice", "bob"} <= set(tenants["x"])
     table = page.locator("#prefixes").inner_text()
     assert "ALICE-SECRET-PROMPT" in table and "BOB-SECRET-PROMPT" in table
+    keys = stats["prompt_cache_keys"]["keys"]
+    alice_row = page.locator("#keys tbody tr", has_text=ALICE_KEY)
+    assert alice_row.locator("td").all_inner_texts() == [
+        f"tenant:alice|{ALICE_KEY}",
+        "alice",
+        "4",
+        str(keys[f"tenant:alice|{ALICE_KEY}"]["prompt_tokens"]),
+        str(keys[f"tenant:alice|{ALICE_KEY}"]["cached_tokens"]),
+        f"{100 * keys[f'tenant:alice|{ALICE_KEY}']['hit_rate']:.2f}%",
+    ]
+    assert BOB_KEY in page.locator("#keys").inner_text()
     shot = page.screenshot(full_page=True)
     assert shot.startswith(b"\x89PNG")
     if os.environ.get("RADIXCACHE_SCREENSHOT") == "1":
@@ -241,6 +255,8 @@ def test_tenant_sees_only_its_own_prefixes(open_dashboard) -> None:
     html = page.content()
     assert "ALICE-SECRET-PROMPT" in page.locator("#prefixes").inner_text()
     assert "BOB-SECRET-PROMPT" not in html and "bob" not in dash.traces("tenants")[0]["x"]
+    assert page.locator("#keys tbody td.key").all_inner_texts() == [ALICE_KEY]
+    assert BOB_KEY not in html
     assert dash.traces("tenants")[0]["x"] == ["alice"]
     assert page.locator("#prefixes button").count() == 0  # pinning is the admin's
     assert "tenant: alice" in page.locator("#who").inner_text()

@@ -17,6 +17,7 @@ import pytest
 from api.config import ApiConfig
 from api.router.config import RouterConfig
 from api.router.index import ReplicaIndex
+from api.router.policy import Balance
 from api.router.replicas import ReplicaSpec
 from api.router.subscriber import EventSubscriber
 from engine.kv.events import KVEventsConfig
@@ -420,3 +421,81 @@ def _route_through_a_dying_replica(
         assert stats["r1"]["requests"] >= 12 - stats["r0"]["requests"] + 1
     finally:
         handle.stop()
+
+
+# --- prompt_cache_key: the key's replica while its load allows ---
+def _chat(client: openai.OpenAI, model: str, seed: int, key: str | None, **kw: Any) -> Any:
+    extra = {} if key is None else {"prompt_cache_key": key}
+    return client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=[{"role": "user", "content": fresh_text(50, seed=seed)}],
+        max_tokens=2,
+        temperature=0,
+        **extra,
+        **kw,
+    )
+
+
+def test_one_key_stays_on_one_replica_until_that_replica_is_overloaded(
+    replicas: list[Server], tiny_llama: Path
+) -> None:
+    # any load above the least loaded replica's is too much: one request in flight saturates;
+    # no events: the router's indexes hold only what it sent (both empty at its start)
+    balance = Balance(abs_threshold=0, rel_threshold=1.0)
+    specs = tuple(ReplicaSpec(s.url) for s in replicas)
+    config = RouterConfig(specs, tiny_llama, balance=balance, block_size=BS)
+    handle = start_router(config)
+    client = openai.OpenAI(base_url=f"{handle.url}/v1", api_key="none", max_retries=0)
+    model = replicas[0].model
+    try:
+        # without a key, unrelated prompts spread over the replicas (each a cache miss) ...
+        spread = {_chat(client, model, 900 + i, None).headers[HEADER] for i in range(4)}
+        assert spread == {"r0", "r1"}
+        # ... with one key they stay where the key went first
+        homes = {_chat(client, model, 910 + i, "customer-42").headers[HEADER] for i in range(4)}
+        assert len(homes) == 1
+        (home,) = homes
+        assert handle.stats()["decisions"]["key_affinity"] == 3
+        stream = client.completions.create(
+            model=model,
+            prompt=fresh_text(30, seed=920),
+            max_tokens=400,
+            stream=True,
+            extra_body={"ignore_eos": True, "prompt_cache_key": "customer-42"},
+        )
+        try:
+            next(iter(stream))  # in flight on the key's replica
+            assert next(r for r in handle.state.replicas if r.name == home).load == 1
+            elsewhere = _chat(client, model, 921, "customer-42").headers[HEADER]
+            assert elsewhere != home
+        finally:
+            stream.close()
+        affinity = handle.stats()["key_affinity"]
+        assert affinity["keys"] == 1 and affinity["learned"] == 1 and affinity["moved"] == 1
+    finally:
+        handle.stop()
+
+
+def test_a_keys_replica_that_goes_down_is_forgotten(
+    replicas: list[Server], tiny_llama: Path
+) -> None:
+    spare = start_server(engine_config(tiny_llama), ApiConfig())
+    try:
+        # the spare (r0) starts with the emptier index: the key's first request goes there
+        specs = (ReplicaSpec(spare.url), spec_of(replicas[0]))
+        handle = start_router(RouterConfig(specs, tiny_llama, block_size=BS))
+        client = openai.OpenAI(base_url=f"{handle.url}/v1", api_key="none", max_retries=0)
+        model = replicas[0].model
+        try:
+            first = [_chat(client, model, 930 + i, "thread-9").headers[HEADER] for i in range(2)]
+            assert first == ["r0", "r0"]
+            spare.stop()
+            after = [_chat(client, model, 940 + i, "thread-9").headers[HEADER] for i in range(2)]
+            assert after == ["r1", "r1"]
+            stats = handle.stats()
+            assert not stats["replicas"]["r0"]["healthy"]
+            assert stats["key_affinity"]["forgotten"] == 1 and stats["key_affinity"]["keys"] == 1
+        finally:
+            handle.stop()
+    finally:
+        spare.stop()

@@ -203,6 +203,34 @@ function drawPrefixes(prefixes, isAdmin) {
   document.getElementById("panel-prefixes").dataset.points = String(prefixes.length);
 }
 
+const TOP_KEYS = 10;
+
+function drawKeys(keys) {
+  // the caller's keys from /v1/cache/stats, busiest first (sorted again: a JS object puts
+  // integer-like keys first); the keys folded away are summed in "other"
+  const body = document.querySelector("#keys tbody");
+  body.replaceChildren();
+  const rows = Object.entries(keys.keys)
+    .sort(([a, x], [b, y]) => y.requests - x.requests || (a < b ? -1 : 1))
+    .slice(0, TOP_KEYS);
+  rows.forEach(([label, k]) => {
+    const row = body.insertRow();
+    cell(row, label, "key");
+    cell(row, k.tenant ?? "-");
+    cell(row, String(k.requests), "num");
+    cell(row, String(k.prompt_tokens), "num");
+    cell(row, String(k.cached_tokens), "num");
+    cell(row, percent(k.hit_rate), "num");
+  });
+  const more = keys.tracked_keys - rows.length;
+  const folded = keys.folded_keys
+    ? `${keys.folded_keys} keys folded into other (${keys.other.requests} requests, hit rate ${percent(keys.other.hit_rate)}); `
+    : "";
+  document.getElementById("keys-other").textContent =
+    (more > 0 ? `${more} more keys tracked; ` : "") + folded + `at most ${keys.max_keys} keys are counted apart.`;
+  document.getElementById("panel-keys").dataset.points = String(rows.length);
+}
+
 function percent(rate) {
   return (100 * rate).toFixed(2) + "%";
 }
@@ -267,6 +295,7 @@ async function refresh() {
     drawCurve(stats, data.sizing_advice, data.spill_estimate);
     drawTenants(data.tenants);
     drawPrefixes(data.prefixes, data.caller.is_admin);
+    drawKeys(stats.prompt_cache_keys);
     document.getElementById("error").hidden = true;
     document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
   } catch (err) {
