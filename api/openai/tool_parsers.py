@@ -47,6 +47,10 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
+# a call object's head, up to its arguments: {"name": "f", "arguments":
+CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
+
+
 def _open_call(body: str, head: re.Match[str] | None) -> CallProgress | None:
     """A call cut by the token limit: its name and its arguments as written (the whole value
     when it is complete, else the prefix the model wrote); None before the name is complete."""
@@ -70,8 +74,9 @@ def _calls_then_open(text: str, pos: int, separators: str) -> tuple[list[CallPro
         except json.JSONDecodeError:
             return calls, text[pos:]
         call = _call_of(obj)
-        if call is not None:
-            calls.append(CallProgress(call.name, call.arguments, True))
+        if call is None:  # a value that is no call ends the calls
+            return calls, text[pos:]
+        calls.append(CallProgress(call.name, call.arguments, True))
         pos = end
 
 
@@ -116,7 +121,7 @@ class HermesParser(MarkerParser):
 
     name = "hermes"
     marker = "<tool_call>"
-    _head = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
+    _head = CALL_HEAD
 
     def parse(self, region: str, final: bool) -> list[ParsedCall]:
         return [ParsedCall(p.name, p.arguments) for p in self.progress(region, final) if p.closed]
@@ -204,7 +209,7 @@ class MistralParser(MarkerParser):
 
     name = "mistral"
     marker = "[TOOL_CALLS]"
-    _head = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
+    _head = CALL_HEAD
     _args_form = re.compile(r"\s*([^\s\[]+)\[ARGS\]")
 
     def cut(self, region: str) -> list[CallProgress]:

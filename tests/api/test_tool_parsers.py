@@ -230,3 +230,8 @@ def test_a_call_complete_but_cut_inside_its_end_tag_keeps_its_whole_arguments() 
     assert content is None and [(c.function.name, c.function.arguments) for c in calls] == [
         ("get_weather", '{"city":"Oslo"}')
     ]
+
+
+def test_a_cut_after_json_that_is_no_call_keeps_it_as_content() -> None:
+    text = '{"answer": 4} and then {"na'
+    assert split_whole(PARSERS["llama3_json"](), True, text, cut=True) == (text, [])
