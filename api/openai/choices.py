@@ -141,7 +141,8 @@ class ChatChoices:
             content: str | None = c.text
             calls = None
             if self.parser is not None:
-                content, calls = split_whole(self.parser, self.parallel, c.text)
+                cut = c.finish_reason == "length"
+                content, calls = split_whole(self.parser, self.parallel, c.text, cut)
             choices.append(
                 ChatChoice(
                     index=c.index,
@@ -181,7 +182,7 @@ class ChatChoices:
 
     def _with_tools(self, d: CompletionDelta, parser: ToolParser) -> list[list[ChatChunkChoice]]:
         split = self._splits.setdefault(d.index, ToolStream(parser, self.parallel))
-        content, calls = split.feed(d.text, final=d.finished)
+        content, calls = split.feed(d.text, d.finished, cut=d.finish_reason == "length")
         chunks = []
         per_token = self.shape.logprobs or self.shape.token_ids
         if content or (per_token and d.token_ids):

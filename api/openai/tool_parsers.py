@@ -3,8 +3,10 @@ default), Llama 3 JSON, Mistral `[TOOL_CALLS]`, pythonic `[f(a=1)]` and Qwen3-Co
 
 A parser says where the tool-call region of a text starts (`start`), how many trailing characters
 may still become the start of one (`holdback`, so streamed content never shows half a marker), and
-which calls a region holds (`parse`; `final=False` returns only calls already closed). A region
-that does not parse is content: the model's text is returned as it is, never lost."""
+which calls a region holds (`parse`; `final=False` returns only calls already closed), and which a
+region cut by the token limit holds (`cut`: the closed calls, then the open one with its name and
+the arguments text as written so far, a JSON prefix; None when the region is no call in progress).
+A region that does not parse is content: the model's text is returned as it is, never lost."""
 
 from __future__ import annotations
 
@@ -45,6 +47,39 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
+# a call object's head, up to its arguments: {"name": "f", "arguments":
+CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
+
+
+def _open_call(body: str, head: re.Match[str] | None) -> CallProgress | None:
+    """A call cut by the token limit: its name and its arguments as written (the whole value
+    when it is complete, else the prefix the model wrote); None before the name is complete."""
+    if head is None:
+        return None
+    try:
+        _, end = json.JSONDecoder().raw_decode(body, head.end())
+    except json.JSONDecodeError:
+        end = len(body)
+    return CallProgress(head.group(1), body[head.end() : end], True)
+
+
+def _calls_then_open(text: str, pos: int, separators: str) -> tuple[list[CallProgress], str]:
+    """Whole JSON calls from `pos` on (joined by `separators`), then the open rest of the text."""
+    decoder, calls = json.JSONDecoder(), []
+    while True:
+        while pos < len(text) and text[pos] in separators:
+            pos += 1
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return calls, text[pos:]
+        call = _call_of(obj)
+        if call is None:  # a value that is no call ends the calls
+            return calls, text[pos:]
+        calls.append(CallProgress(call.name, call.arguments, True))
+        pos = end
+
+
 class MarkerParser:
     """Formats whose calls start at a marker anywhere in the text."""
 
@@ -64,6 +99,10 @@ class MarkerParser:
     def parse(self, region: str, final: bool) -> list[ParsedCall]:
         raise NotImplementedError
 
+    def cut(self, region: str) -> list[CallProgress] | None:
+        """Formats without a partial reading: a cut region stays content."""
+        return None
+
 
 @dataclass(frozen=True)
 class CallProgress:
@@ -82,7 +121,7 @@ class HermesParser(MarkerParser):
 
     name = "hermes"
     marker = "<tool_call>"
-    _head = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
+    _head = CALL_HEAD
 
     def parse(self, region: str, final: bool) -> list[ParsedCall]:
         return [ParsedCall(p.name, p.arguments) for p in self.progress(region, final) if p.closed]
@@ -102,6 +141,15 @@ class HermesParser(MarkerParser):
             call = _closed_call(body, head)
             if call is not None:  # a body that is no call is dropped
                 calls.append(call)
+        return calls
+
+    def cut(self, region: str) -> list[CallProgress]:
+        calls = [p for p in self.progress(region, final=False) if p.closed]
+        last = region.split(self.marker)[-1]
+        if "</tool_call>" not in last:
+            body = last[: len(last) - _partial_suffix(last, "</tool_call>")]
+            call = _open_call(body, self._head.match(body))
+            calls += [] if call is None else [call]
         return calls
 
 
@@ -161,6 +209,24 @@ class MistralParser(MarkerParser):
 
     name = "mistral"
     marker = "[TOOL_CALLS]"
+    _head = CALL_HEAD
+    _args_form = re.compile(r"\s*([^\s\[]+)\[ARGS\]")
+
+    def cut(self, region: str) -> list[CallProgress]:
+        calls: list[CallProgress] = []
+        for part in region.split(self.marker)[1:]:
+            named = self._args_form.match(part)
+            if named is not None:  # name[ARGS]{...}
+                calls.append(_open_call(part, named) or CallProgress(named.group(1), "", True))
+                continue
+            opening = part.lstrip()
+            if not opening.startswith("["):
+                continue
+            done, rest = _calls_then_open(opening, 1, " \t\r\n,")
+            calls += done
+            call = _open_call(rest, self._head.match(rest))
+            calls += [] if call is None else [call]
+        return calls
 
     def parse(self, region: str, final: bool) -> list[ParsedCall]:
         if not final:
@@ -214,12 +280,30 @@ class LeadingParser:
     def _parse(self, text: str) -> list[ParsedCall]:
         raise NotImplementedError
 
+    def cut(self, region: str) -> list[CallProgress] | None:
+        """Formats without a partial reading: a cut region stays content."""
+        return None
+
 
 class Llama3JsonParser(LeadingParser):
     """{"name": ..., "parameters": {...}}, several joined by ';', maybe after <|python_tag|>."""
 
     name = "llama3_json"
     openers = ("{", "<|python_tag|>")
+    _head = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"(?:parameters|arguments)"\s*:\s*')
+
+    def cut(self, region: str) -> list[CallProgress] | None:
+        text = region.strip()
+        tagged = text.startswith("<|python_tag|>")
+        text = text.removeprefix("<|python_tag|>")
+        calls, rest = _calls_then_open(text, 0, " \t\r\n;")
+        call = _open_call(rest, self._head.match(rest))
+        if call is not None:
+            return [*calls, call]
+        compact = re.sub(r"\s", "", rest)
+        if tagged or calls or compact.startswith('{"name":') or '{"name":'.startswith(compact):
+            return calls  # a call whose name is not yet written
+        return None  # JSON that is no call: content
 
     def _parse(self, text: str) -> list[ParsedCall]:
         text = text.removeprefix("<|python_tag|>")

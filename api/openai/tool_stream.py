@@ -2,8 +2,11 @@
 the parser sees where calls start (never half a marker); calls go out as OpenAI streams them (a
 first delta with index, id, type, name and arguments "", then argument fragments), as they are
 written where the parser can tell (hermes), else once each closes; at the end a region that holds
-no call is given back as content. A whole response is the same split run once (`split_whole`),
-so streamed and whole answers agree: the fragments of a call concatenate to its arguments."""
+no call is given back as content. An output cut by the token limit (`cut`) inside a call ends
+with that call as far as it was written (the parser's `cut`: its name and its arguments prefix),
+and its markup never becomes content. A whole response is the same split run once
+(`split_whole`), so streamed and whole answers agree: the fragments of a call concatenate to its
+arguments. Protocol-neutral: any route's renderer turns these events into its own shape."""
 
 from __future__ import annotations
 
@@ -28,16 +31,24 @@ class ToolStream:
     _region: int | None = None  # where the calls start
     _args_sent: list[str] = field(default_factory=list)  # per call opened: arguments sent
 
-    def feed(self, delta: str, final: bool = False) -> tuple[str, list[DeltaToolCall]]:
-        """The content and the call deltas `delta` (then, if final, the end) gives."""
+    def feed(
+        self, delta: str, final: bool = False, cut: bool = False
+    ) -> tuple[str, list[DeltaToolCall]]:
+        """The content and the call deltas `delta` (then, if final, the end) gives; `cut`: the
+        output ended at the token limit."""
         self.text += delta
         if self._region is None:
             self._region = self.parser.start(self.text)
         if self._region is None:
-            safe = len(self.text) if final else len(self.text) - self.parser.holdback(self.text)
+            whole = final and not cut  # a cut output's half marker is dropped
+            safe = len(self.text) if whole else len(self.text) - self.parser.holdback(self.text)
             return self._content(safe), []
         content = self._content(self._region)
-        events = self._advance(self._progress(self.text[self._region :], final))
+        region = self.text[self._region :]
+        partial = self.parser.cut(region) if final and cut else None
+        if partial is not None:
+            return content, self._advance(partial if self.parallel else partial[:1])
+        events = self._advance(self._progress(region, final))
         if final and not self._args_sent:  # the region was no call after all: it is content
             content += self._content(len(self.text))
         return content, events
@@ -81,10 +92,13 @@ class ToolStream:
         return self.text[start:end]
 
 
-def split_whole(parser: ToolParser, parallel: bool, text: str) -> tuple[str | None, list[ToolCall]]:
-    """A finished text -> (content, None when empty or blank; its calls)."""
+def split_whole(
+    parser: ToolParser, parallel: bool, text: str, cut: bool = False
+) -> tuple[str | None, list[ToolCall]]:
+    """A finished text (`cut`: at the token limit) -> (content, None when empty or blank; its
+    calls)."""
     stream = ToolStream(parser, parallel)
-    content, _ = stream.feed(text, final=True)
+    content, _ = stream.feed(text, final=True, cut=cut)
     return (content if content.strip() else None), [whole_call(c) for c in stream.calls]
 
 

@@ -5,7 +5,7 @@ Lark, the tool-call tags in Lark around `%json{...}`), and compiling it builds a
 (lexer and parser tables); each sequence then starts from a deep copy of that matcher, which shares
 the compiled tables. Compiles run on whichever thread asks (the API's worker threads through
 AsyncEngine.prepare_constraints, the engine thread on a miss); concurrent asks for the same spec
-compile it once."""
+compile it once. A JSON schema is closed and its numbers bounded first (json_schemas.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from engine.structured.constraints import (
     Regex,
     TaggedJson,
 )
+from engine.structured.json_schemas import prepared
 
 # a repeated TaggedJson (parallel tool calls) ends after this many: a small model, greedy, repeats
 # its call until max_tokens otherwise, and the last one comes out cut (invalid)
@@ -54,11 +55,11 @@ def grammar_text(constraint: Constraint) -> str:
     match constraint:
         case JsonSchema(schema):
             return llg.LLMatcher.grammar_from_json_schema(
-                closed(_load_schema(schema)), overrides=JSON_OPTIONS
+                prepared(_load_schema(schema)), overrides=JSON_OPTIONS
             )
         case JsonObject():
             return llg.LLMatcher.grammar_from_json_schema(
-                {"type": "object"}, overrides=JSON_OPTIONS
+                prepared({"type": "object"}), overrides=JSON_OPTIONS
             )
         case Regex(pattern):  # \d, \w, \s are ASCII (as users of these APIs expect)
             return llg.LLMatcher.grammar_from_lark(f"start: /{llg.regex_to_lark(pattern, 'dws')}/")
@@ -84,39 +85,14 @@ def _load_schema(schema: str) -> Any:
     return value
 
 
-def closed(schema: Any) -> Any:
-    """`additionalProperties: false` on every object schema that lists properties and says
-    nothing of others (xgrammar's strict mode, vLLM's default): a listed object ends after its
-    properties instead of running on with invented keys. Outputs stay valid for the schema."""
-    if isinstance(schema, list):
-        return [closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {}
-    for key, value in schema.items():
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: closed(s) for name, s in value.items()}
-        elif key in _LITERALS:
-            out[key] = value
-        else:
-            out[key] = closed(value)
-    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
-
-
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_LITERALS = ("const", "enum", "default", "examples", "required")
-
-
 def _lark_str(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)  # a Lark string literal: JSON escapes
 
 
 def _tagged_lark(c: TaggedJson) -> str:
-    schema = closed(_load_schema(c.schema))
-    if isinstance(schema, bool):
-        schema = {} if schema else {"not": {}}
+    schema = prepared(_load_schema(c.schema))
+    if schema is False:
+        schema = {"not": {}}
     schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_OPTIONS}}
     call = f"{_lark_str(c.begin)} value {_lark_str(c.end)}"
     more = f"({_lark_str(c.separator)} call){{0,{MAX_TAGGED_REPEATS - 1}}}"

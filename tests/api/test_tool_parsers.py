@@ -166,3 +166,72 @@ def test_the_hermes_template_renders_a_whole_tool_loop() -> None:
     )
     assert "<|im_start|>user\n<tool_response>\n18 C, sunny\n</tool_response><|im_end|>" in text
     assert text.endswith("<|im_start|>assistant\n")
+
+
+CUT_CASES = {
+    "hermes": (
+        'Sure.\n<tool_call>\n{"name":"get_time","arguments":{}}\n</tool_call>\n'
+        '<tool_call>\n{"name":"get_weather","arguments":{"city":"Par',
+        "Sure.\n",
+    ),
+    "mistral": (
+        'Ok [TOOL_CALLS][{"name":"get_time","arguments":{}},'
+        '{"name":"get_weather","arguments":{"city":"Par',
+        "Ok ",
+    ),
+    "llama3_json": (
+        '{"name":"get_time","parameters":{}}; {"name":"get_weather","parameters":{"city":"Par',
+        "",
+    ),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(CUT_CASES))
+def test_a_call_cut_by_the_token_limit_is_a_call_whole_and_streamed(fmt: str) -> None:
+    text, content = CUT_CASES[fmt]
+    expected = [("get_time", "{}"), ("get_weather", '{"city":"Par')]
+    parser = PARSERS[fmt](WEATHER_TOOLS)
+    whole_content, calls = split_whole(parser, True, text, cut=True)
+    assert [(c.function.name, c.function.arguments) for c in calls] == expected
+    assert (whole_content or "") == content
+    stream, streamed, got = ToolStream(parser), "", {}
+    for i, ch in enumerate(text):
+        last = i == len(text) - 1
+        piece, events = stream.feed(ch, final=last, cut=last)
+        streamed += piece
+        for e in events:
+            if e.id is not None:
+                got[e.index] = [e.function.name, ""]
+            else:
+                got[e.index][1] += e.function.arguments
+    assert streamed == content  # no markup, ever
+    assert [tuple(c) for c in got.values()] == expected
+
+
+def test_a_cut_before_the_name_or_inside_a_marker_shows_no_markup() -> None:
+    for fmt, text, content in [
+        ("hermes", 'Hi <tool_call>\n{"na', "Hi "),
+        ("hermes", "Hi <tool_ca", "Hi "),
+        ("mistral", "[TOOL_CALLS][", ""),
+        ("llama3_json", '{"na', ""),
+    ]:
+        whole_content, calls = split_whole(PARSERS[fmt](), True, text, cut=True)
+        assert calls == [] and (whole_content or "") == content, (fmt, text)
+    # JSON that is no call stays content, cut or not
+    assert split_whole(PARSERS["llama3_json"](), True, '{"answer": 4', cut=True) == (
+        '{"answer": 4',
+        [],
+    )
+
+
+def test_a_call_complete_but_cut_inside_its_end_tag_keeps_its_whole_arguments() -> None:
+    text = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo"}}\n</tool_c'
+    content, calls = split_whole(PARSERS["hermes"](), True, text, cut=True)
+    assert content is None and [(c.function.name, c.function.arguments) for c in calls] == [
+        ("get_weather", '{"city":"Oslo"}')
+    ]
+
+
+def test_a_cut_after_json_that_is_no_call_keeps_it_as_content() -> None:
+    text = '{"answer": 4} and then {"na'
+    assert split_whole(PARSERS["llama3_json"](), True, text, cut=True) == (text, [])
