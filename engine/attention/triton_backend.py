@@ -28,18 +28,6 @@ class TritonAttention:
         already (TritonRowOps.rope_store_kv wrote them), so they are not stored again."""
         if not kv_stored:
             store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self.attend(q, k_cache, v_cache, meta, scale, window)
-
-    def attend(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-        window: int | None = None,
-    ) -> torch.Tensor:
-        """Attention of q [T, Hq, D] over the caches, whose slots already hold this step's K/V."""
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         paged_attention(q, k_cache, v_cache, out, meta, scale, window)
         return out
