@@ -10,7 +10,7 @@ import asyncio
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from api.chat_template import ChatTemplates, TemplateError
 from api.errors import ApiError
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from api.state import ServerState
 
 PromptSource = str | list[int] | ChatPrompt  # text, token ids, or chat messages to render
+Retention = Literal["in_memory", "24h"]  # prompt_cache_retention
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class GenerationSpec:
     cache_salt: str | None = None  # the request's own salt, refined by its caller's tenant
     prompt_cache_key: str | None = None  # a label to count the request under (not a namespace)
     constraint_param: str = "response_format"  # the field a grammar that fails to compile names
+    retention: Retention = "in_memory"  # 24h: the prefix is kept in the persistent tier
 
 
 def new_id(prefix: str) -> str:
@@ -64,6 +66,10 @@ def _sampling_params(fields: Mapping[str, Any]) -> SamplingParams:
 
 async def build_jobs(state: ServerState, spec: GenerationSpec, caller: Caller) -> list[GenerateJob]:
     """The engine jobs of `spec`, or the 4xx that refuses it."""
+    if spec.retention != "in_memory":
+        raise ApiError(
+            400, "prompt_cache_retention '24h' is not served yet", param="prompt_cache_retention"
+        )
     engine = state.engine
     tokenizer = engine.tokenizer
     bias = logit_bias_pairs(spec.logit_bias, tokenizer.vocab_size)
