@@ -8,7 +8,7 @@ from typing import Any
 
 from api.errors import ApiError
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest
-from api.openai.protocol_tools import JsonObjectFormat, JsonSchemaFormat
+from api.openai.protocol_tools import JsonObjectFormat, JsonSchemaFormat, ResponseFormat
 from engine.structured.constraints import (
     Choice,
     Constraint,
@@ -30,12 +30,19 @@ def _constraint(req: CompletionRequest | ChatCompletionRequest) -> Constraint | 
         raise ApiError(
             400, "Give response_format or structured_outputs, not both", param="structured_outputs"
         )
+    if not _is_text(fmt):
+        return format_constraint(fmt)
+    return None if so is None else _structured_outputs(so)
+
+
+def format_constraint(fmt: ResponseFormat | None) -> Constraint | None:
+    """A response_format (or any route's format of the same three kinds) -> its grammar."""
     if isinstance(fmt, JsonObjectFormat):
         return JsonObject()
     if isinstance(fmt, JsonSchemaFormat):
         schema = fmt.json_schema.json_schema
         return JsonObject() if schema is None else json_schema(schema)
-    return None if so is None else _structured_outputs(so)
+    return None
 
 
 def _is_text(fmt: Any) -> bool:

@@ -44,7 +44,7 @@ def chat_spec(
     output constraint. `tool_call_parser`: the server's tool-call format, if it sets one."""
     prompt = req.chat_prompt()
     fmt = tool_format(tool_call_parser, templates, prompt) if req.tools else "hermes"
-    plan = tool_plan(req, fmt)
+    plan = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, fmt)
     constraint, param = output_format(req)
     if plan is not None and plan.forced:
         if constraint is not None:

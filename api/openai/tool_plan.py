@@ -1,6 +1,7 @@
-"""A chat request's tools in the engine's terms: tool_choice -> a ToolPlan (which parser reads
-calls out of the text, and for `required` / a named function the TaggedJson grammar that forces
-them)."""
+"""A request's tools in the engine's terms: tool_choice -> a ToolPlan (which parser reads calls
+out of the text, and for `required` / a named function the TaggedJson grammar that forces them).
+Protocol-neutral: each route maps its tools onto OpenAI's function `Tool` and its choice onto
+`ToolChoice` (e.g. Anthropic's `any` is `required`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from typing import Any
 
 from api.chat_template import ChatTemplates, TemplateError
 from api.errors import ApiError
-from api.openai.protocol import ChatCompletionRequest
-from api.openai.protocol_tools import NamedToolChoice
+from api.openai.protocol_tools import NamedToolChoice, Tool, ToolChoice
 from api.openai.tool_parsers import (
     PARSERS,
     HermesParser,
@@ -53,21 +53,23 @@ def tool_format(configured: str | None, templates: ChatTemplates, prompt: ChatPr
         raise ApiError(400, str(exc), param=exc.param) from exc
 
 
-def tool_plan(req: ChatCompletionRequest, fmt: str) -> ToolPlan | None:
-    """None without tools; `fmt` is the tool-call format (the template's or --tool-call-parser)."""
-    choice = req.tool_choice
-    if not req.tools:
+def tool_plan(
+    tools: list[Tool] | None, choice: ToolChoice | None, parallel_calls: bool, fmt: str
+) -> ToolPlan | None:
+    """None without tools; `fmt` is the tool-call format (the template's or --tool-call-parser),
+    `parallel_calls`: more than one call allowed (parallel_tool_calls)."""
+    if not tools:
         if choice is not None and choice != "none":
             raise ApiError(400, "tool_choice needs tools: no tools were given", param="tool_choice")
         return None
-    if len({t.function.name for t in req.tools}) != len(req.tools):
+    if len({t.function.name for t in tools}) != len(tools):
         raise ApiError(400, "Two tools have the same name", param="tools")
-    tools = [t.model_dump(exclude_none=True) for t in req.tools]
+    tool_dicts = [t.model_dump(exclude_none=True) for t in tools]
     if choice == "none":
         return ToolPlan(None, None, False)
     if choice is None or choice == "auto":
-        return ToolPlan(PARSERS[fmt](tools), None, req.parallel_tool_calls)
-    functions = [t.function for t in req.tools]
+        return ToolPlan(PARSERS[fmt](tool_dicts), None, parallel_calls)
+    functions = [t.function for t in tools]
     if isinstance(choice, NamedToolChoice):
         functions = [f for f in functions if f.name == choice.function.name]
         if not functions:
@@ -76,10 +78,10 @@ def tool_plan(req: ChatCompletionRequest, fmt: str) -> ToolPlan | None:
                 f"tool_choice names the function {choice.function.name!r}, which is not in tools",
                 param="tool_choice",
             )
-    parallel = req.parallel_tool_calls and not isinstance(choice, NamedToolChoice)
+    parallel = parallel_calls and not isinstance(choice, NamedToolChoice)
     schemas = [_call_schema(f.name, f.parameters, fmt) for f in functions]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    parser, constraint = _forced(fmt, schema, parallel, tools)
+    parser, constraint = _forced(fmt, schema, parallel, tool_dicts)
     return ToolPlan(parser, constraint, parallel)
 
 
