@@ -19,6 +19,8 @@ from api.chat_template import ChatTemplates
 from api.config import ApiConfig
 from api.docs import docs_router
 from api.errors import install_error_handlers
+from api.lifecycle import routes as lifecycle_routes
+from api.lifecycle.drain import Drain, DrainMiddleware
 from api.observability import history_routes
 from api.observability.dashboard import routes as dashboard_routes
 from api.observability.metrics import ApiMetrics
@@ -99,9 +101,13 @@ def create_app(
         title="radixcache", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None
     )
     app.state.server = None
+    app.state.api_config = api_config
+    app.state.drain = Drain(api_config.drain_timeout_s)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=api_config.max_body_bytes)
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)  # outermost: refuses first
     app.include_router(openai_routes.router)
+    app.include_router(lifecycle_routes.router)
     app.include_router(history_routes.router)
     app.include_router(cache_routes.router)
     app.include_router(tokenize_routes.router)

@@ -348,6 +348,13 @@ def _server_args(p: argparse.ArgumentParser) -> None:
         help="format of the model's tool calls (default: the one its chat template teaches)",
     )
     g.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=API.drain_timeout_s,
+        help="seconds running requests get to finish once SIGTERM (or POST /admin/drain) starts a "
+        "drain; meanwhile /ready is 503 and new requests get 503 with Retry-After",
+    )
+    g.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="uvicorn"
     )
 
@@ -420,6 +427,7 @@ def api_config(args: argparse.Namespace) -> Any:
         max_body_bytes=args.max_body_bytes,
         metrics_names=args.metrics_names,
         tool_call_parser=args.tool_call_parser,
+        drain_timeout_s=args.drain_timeout,
     )
 
 
@@ -475,9 +483,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from api.app import create_app
+    from api.lifecycle.server import serve
 
     if args.model is None or args.model in NAMED_MODELS:
         model_path = NAMED_MODELS[args.model or DEFAULT_MODEL_NAME](default_cache_dir(), True)
@@ -504,7 +511,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     print(f"radixcache: loading {model_path} ...", flush=True)
     app = create_app(ecfg, acfg, on_ready=ready)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    serve(app, args.host, args.port, args.log_level, app.state.drain)
     return 0
 
 

@@ -40,6 +40,7 @@ class ApiConfig:
     metrics_names: str = METRIC_NAMES[0]  # one of METRIC_NAMES
     tracked_prompt_cache_keys: int = 64  # keys counted apart in /v1/cache/stats (LRU beyond)
     tool_call_parser: str | None = None  # tool-call format; None: the chat template's (hermes)
+    drain_timeout_s: float = 30.0  # SIGTERM / POST /admin/drain: running requests' time to finish
     # with no key configured, a caller is admin only while this holds: the server is bound to
     # loopback, or --open-admin said so (on a network address anyone could read every prompt)
     open_admin: bool = True
