@@ -272,7 +272,9 @@ class DiskTier:
         self._demote(self.retention.expire())
         while self._used + size > limit and (self._index or len(self.retention)):
             if not self._index:  # all that is left is retained: the oldest retention yields
-                self._demote([self.retention.drop_oldest()])  # type: ignore[list-item]
+                oldest = self.retention.drop_oldest()
+                assert oldest is not None
+                self._demote([oldest])
             key = next(iter(self._index))
             if self.spill_down is not None and key[0] in self._namespaces:
                 with contextlib.suppress(OSError):

@@ -112,6 +112,18 @@ def test_redis_retained_keys_live_24h_and_ordinary_writes_do_not_cut_them_short(
     assert (stats.blocks, stats.dropped, stats.bytes) == (3, 1, 3 * VALUE_BYTES)
 
 
+def test_redis_down_retains_nothing_and_raises_nothing(
+    redis_server: RedisServer, ns: Namespace
+) -> None:
+    tier = RedisTier(redis_server.url, retained_bytes=10 * VALUE_BYTES, socket_timeout_s=0.2)
+    redis_server.kill()
+    tier.retain(ns, encoded(chain(ns, 2)))
+    stats = tier.retention_stats()
+    assert (stats.blocks, stats.granted) == (0, 0)
+    assert tier.stats.rejected_writes == 2 and tier.stats.errors >= 1
+    assert tier.get(ns, chain(ns, 2)) == [None, None]  # a miss: the engine recomputes
+
+
 def test_the_store_retains_in_disk_else_redis_and_reports_it(
     tmp_path: Path, redis_server: RedisServer, ns: Namespace
 ) -> None:
