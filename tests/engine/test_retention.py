@@ -25,9 +25,7 @@ def prompt(seed: int, blocks: int) -> list[int]:
     return [rng.randrange(3, 250) for _ in range(blocks * 4 + 2)]  # + 2: not on a boundary
 
 
-def test_a_retained_prompt_outlives_disk_pressure_and_comes_back(
-    make_llm, tmp_path: Path
-) -> None:
+def test_a_retained_prompt_outlives_disk_pressure_and_comes_back(make_llm, tmp_path: Path) -> None:
     tiers = TierConfig(
         disk_path=tmp_path / "disk", disk_bytes=12 * BLOCK_BYTES, retained_bytes=8 * BLOCK_BYTES
     )
