@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 
@@ -101,9 +101,9 @@ class TieredStore:
         self.store_stats = StoreStats()
         self.observer = observer
         self._redis = next((t for t in self.tiers if t.name == TierName.REDIS), None)
-        self._keeper: RetainingTier | None = next(
-            (t for t in self.tiers if t.name in (TierName.DISK, TierName.REDIS)), None
-        )  # type: ignore[assignment]  (disk and Redis are RetainingTiers)
+        # where retained prefixes go: the disk tier, else Redis (both are RetainingTiers)
+        persistent = [t for t in self.tiers if t.name in (TierName.DISK, TierName.REDIS)]
+        self._keeper = cast("RetainingTier", persistent[0]) if persistent else None
         self._writer = TierWriter(
             self.tiers, self.write_through, config.queue_blocks, self.store_stats, observer
         )
