@@ -87,7 +87,8 @@ async def build_jobs(state: ServerState, spec: GenerationSpec, caller: Caller) -
         )
         fields = dict(spec.sampling, max_tokens=max_tokens, logit_bias=bias)
         params = _sampling_params(dict(fields, constraint=spec.constraint))
-        jobs.append(GenerateJob(new_id(spec.id_prefix), prompt, params, salt, retain))
+        job = GenerateJob(new_id(spec.id_prefix), prompt, params, salt, retain_prefix=retain)
+        jobs.append(job)
     await prepare_constraint(engine, spec.constraint, spec.constraint_param)
     return jobs
 
