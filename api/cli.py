@@ -229,6 +229,14 @@ def _tier_args(p: argparse.ArgumentParser) -> None:
         help="seconds a block lives in Redis (0: no expiry, Redis's maxmemory-policy evicts)",
     )
     g.add_argument(
+        "--retained-bytes",
+        type=parse_size,
+        default=TIERS.retained_bytes,
+        help="budget of the prefixes requests keep for 24 h (prompt_cache_retention: 24h) in the "
+        "disk tier, else Redis; past it the oldest lose their retention first (0: off, such "
+        "requests get a 400)",
+    )
+    g.add_argument(
         "--write-policy",
         default=TIERS.write_policy,
         choices=get_args(WritePolicy),
@@ -373,6 +381,7 @@ def tier_config(args: argparse.Namespace) -> Any:
         redis_url=args.redis_url,
         redis_ttl_s=args.redis_ttl or None,
         write_policy=args.write_policy,
+        retained_bytes=args.retained_bytes,
     )
     return tiers if tiers.enabled else None
 

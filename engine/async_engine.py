@@ -150,6 +150,11 @@ class AsyncEngine:
         return self.engine.kv.publisher
 
     @property
+    def can_retain(self) -> bool:
+        """Whether a prompt's prefix can be retained (a persistent tier: disk or Redis)."""
+        return self.engine.kv.can_retain
+
+    @property
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.engine.model.parameters())
 
@@ -276,7 +281,13 @@ class AsyncEngine:
         match cmd:
             case AddRequest(job):
                 try:
-                    self.engine.add_request(job.request_id, job.prompt, job.params, job.cache_salt)
+                    self.engine.add_request(
+                        job.request_id,
+                        job.prompt,
+                        job.params,
+                        job.cache_salt,
+                        retain_prefix=job.retain_prefix,
+                    )
                 except Exception as exc:
                     self._fail(job.request_id, exc)
             case AbortRequest(request_id):

@@ -34,8 +34,13 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         cache_salt: str = "",
+        retain_prefix: bool = False,
     ) -> list[RequestResult]:
-        """Runs every prompt to completion (batched); results in the order of the prompts."""
+        """Runs every prompt to completion (batched); results in the order of the prompts.
+        `retain_prefix`: keep each prompt's blocks in the persistent tier (disk or Redis) for a
+        while (prompt_cache_retention 24h); ValueError without one."""
+        if retain_prefix and not self.engine.kv.can_retain:
+            raise ValueError("retain_prefix needs a persistent KV cache tier (disk or Redis)")
         batch = _as_prompt_list(prompts)
         if params is None or isinstance(params, SamplingParams):
             param_list = [params or SamplingParams()] * len(batch)
@@ -50,7 +55,9 @@ class LLM:
         try:
             for prompt, p in zip(tokenized, param_list, strict=True):
                 request_id = f"offline-{next(self._ids)}"
-                self.engine.add_request(request_id, prompt, p, cache_salt)
+                self.engine.add_request(
+                    request_id, prompt, p, cache_salt, retain_prefix=retain_prefix
+                )
                 results[request_id] = RequestResult(request_id)
         except Exception:  # one bad prompt: run none of the batch
             for request_id in results:

@@ -62,8 +62,16 @@ class LLMEngine:
 
     # --- requests ---
     def add_request(
-        self, request_id: str, prompt: Prompt, params: SamplingParams, cache_salt: str = ""
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        cache_salt: str = "",
+        *,
+        retain_prefix: bool = False,
     ) -> Request:
+        """`retain_prefix`: keep the prompt's blocks in the persistent tier (kv.can_retain)."""
+        assert not retain_prefix or self.kv.can_retain, "no persistent tier to retain in"
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
         try:
@@ -73,7 +81,12 @@ class LLMEngine:
             self.stats.requests_rejected += 1
             raise
         request = Request(
-            request_id, prompt.text, prompt.token_ids, params, self.namespace.with_salt(cache_salt)
+            request_id,
+            prompt.text,
+            prompt.token_ids,
+            params,
+            self.namespace.with_salt(cache_salt),
+            retain_prefix=retain_prefix,
         )
         tokens = token_array(prompt.token_ids)
         # n samples are n sequences; the scheduler admits the siblings once the first one's

@@ -39,12 +39,14 @@ class Prompt:
 
 @dataclass(frozen=True)
 class GenerateJob:
-    """One request for the async engine: id, prompt, sampling, tenant salt."""
+    """One request for the async engine: id, prompt, sampling, tenant salt; `retain_prefix`:
+    keep the prompt's blocks in the persistent tier (prompt_cache_retention 24h)."""
 
     request_id: str
     prompt: Prompt
     params: SamplingParams
     cache_salt: str = ""
+    retain_prefix: bool = False
 
 
 _seq_counter = itertools.count()
@@ -129,6 +131,7 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     seqs: list[Sequence] = field(default_factory=list)
     aborted: bool = False
+    retain_prefix: bool = False  # the prompt's full blocks go to the persistent tier, retained
 
     @property
     def is_finished(self) -> bool:

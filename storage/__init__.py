@@ -5,11 +5,13 @@ Public API (what the engine uses):
     TieredStore(config)
         .store(ns, [(block_hash, kv)])                  on device eviction; copies, never blocks
         .write_through / .publish(ns, [(block_hash, kv)]) computed blocks to Redis at once
+        .can_retain / .retain(ns, [(block_hash, kv)])   a prefix kept in disk / Redis for 24 h
         .start_load(ns, hashes, deadline_s=None, shape=None) -> PendingLoad (returns at once)
             .ready(now) / .wait(timeout) / .take() -> LoadResult(tiers, blocks) / .cancel()
         .load_prefix(ns, hashes, deadline_s=None, shape=None) -> LoadResult  (blocking form)
         .locate(ns, hashes) -> [tier name]; .lookup_tokens(ns, hashes) -> {tier: tokens}
-        .stats() -> StoreSnapshot(tiers={name: TierSnapshot}, store, pending_blocks); .wait_idle()
+        .stats() -> StoreSnapshot(tiers={name: TierSnapshot}, store, pending_blocks, retention)
+        .wait_idle()
     Tiers (HostTier, DiskTier, RedisTier): batch contains / get / put / delete by block hash.
     Codec: encode_block(kv) -> bytes; decode_block(bytes, dtype, shape) -> tensor | CorruptBlock.
 A block's KV is kv_cache[:, :, block_id]: [num_layers, 2, block_size, num_kv_heads, head_dim].

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
+    from storage.retention import RetentionStats
 
 # Called with the blocks a tier dropped to stay within its budget (write-back spills them lower).
 SpillDown = Callable[["Namespace", list[tuple[int, bytes]]], None]
@@ -55,6 +56,15 @@ class Tier(Protocol):
     def used_bytes(self) -> int: ...
 
     def close(self) -> None: ...
+
+
+class RetainingTier(Tier, Protocol):
+    """A persistent tier (disk, Redis): keeps a request's prefix past its ordinary eviction, for a
+    while and within a budget (storage/retention.py)."""
+
+    def retain(self, ns: Namespace, items: list[tuple[int, bytes]]) -> None: ...
+
+    def retention_stats(self) -> RetentionStats: ...
 
 
 def block_key(ns: Namespace, block_hash: int) -> str:

@@ -10,6 +10,7 @@ from storage.base import Tier
 from storage.disk import DiskTier
 from storage.host import HostTier
 from storage.redis_tier import RedisTier
+from storage.retention import RETAIN_S
 
 WritePolicy = Literal["write-back", "write-through"]
 DiskFsync = Literal["none", "per-file"]
@@ -22,6 +23,9 @@ class TierConfig:
     redis_url: `redis://HOST:PORT/DB` one server, `redis+cluster://HOST:PORT[,HOST:PORT...]` a
     Redis Cluster (any seed nodes). redis_ttl_s: seconds a block lives in Redis (None: until
     Redis's own maxmemory policy evicts it; see docs/redis-cluster.md).
+
+    retained_bytes: the budget of blocks a persistent tier (disk, else Redis) keeps for requests
+    with prompt_cache_retention 24h (retain_s), past its ordinary eviction (storage/retention.py).
 
     write-back (default): a block evicted from the device goes to the highest tier; each tier's
     evictions spill into the next one. write-through: additionally every stored block is written to
@@ -40,6 +44,8 @@ class TierConfig:
     queue_blocks: int = 4096  # blocks waiting for the writer thread; more are dropped and counted
     disk_full_cooldown_s: float = 30.0  # writes stop this long after ENOSPC
     disk_fsync: DiskFsync = "none"  # per-file: fsync each block file and its folder (see disk.py)
+    retained_bytes: int = 1 << 30  # prompt_cache_retention's budget in the persistent tier
+    retain_s: int = RETAIN_S
 
     def __post_init__(self) -> None:
         if self.write_policy not in ("write-back", "write-through"):
@@ -48,16 +54,23 @@ class TierConfig:
             )
         if self.disk_fsync not in ("none", "per-file"):
             raise ValueError(f"disk_fsync must be none or per-file, not {self.disk_fsync!r}")
-        if self.host_bytes < 0 or self.disk_bytes < 0 or self.queue_blocks < 0:
+        if min(self.host_bytes, self.disk_bytes, self.queue_blocks, self.retained_bytes) < 0:
             raise ValueError("byte budgets and queue size must be >= 0")
         if self.redis_ttl_s is not None and self.redis_ttl_s <= 0:
             raise ValueError("redis_ttl_s must be > 0 seconds, or None for no expiry")
         if self.deadline_s <= 0:
             raise ValueError("deadline_s must be > 0")
+        if self.retain_s <= 0:
+            raise ValueError("retain_s must be > 0")
 
     @property
     def enabled(self) -> bool:
         return self.host_bytes > 0 or self.disk_path is not None or self.redis_url is not None
+
+    @property
+    def persistent(self) -> bool:
+        """A tier that outlives the process (disk or Redis): where retained prefixes go."""
+        return self.disk_path is not None or self.redis_url is not None
 
     def build_tiers(self) -> list[Tier]:
         """The configured tiers, fastest first: host -> disk -> redis."""
@@ -71,6 +84,8 @@ class TierConfig:
                     self.disk_bytes,
                     full_cooldown_s=self.disk_full_cooldown_s,
                     fsync=self.disk_fsync == "per-file",
+                    retained_bytes=self.retained_bytes,
+                    retain_s=self.retain_s,
                 )
             )
         if self.redis_url is not None:
@@ -81,6 +96,8 @@ class TierConfig:
                     ttl_s=self.redis_ttl_s,
                     socket_timeout_s=self.redis_timeout_s,
                     cooldown_s=self.redis_cooldown_s,
+                    retained_bytes=self.retained_bytes,
+                    retain_s=self.retain_s,
                 )
             )
         return tiers

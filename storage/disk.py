@@ -19,6 +19,12 @@ reached the disk, which the checksum catches on read. `fsync=True` (`--disk-fsyn
 each file before its rename and its folder after, so a block that was written survives a power loss
 too, at the cost of one or two syncs per block; the default (`none`) relies on the checksum and
 recomputes what a crash lost.
+
+Retention (`retain`, a request's prompt_cache_retention): retained blocks leave the LRU for a
+RetentionLedger (storage/retention.py) and are not evicted for room until their retention ends
+(expired, or dropped past the ledger's byte budget, or the budget itself no longer fits): then
+they rejoin the LRU at its cold end, as ordinary entries. Retention is kept in memory only: after a
+restart the files are ordinary entries.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import TYPE_CHECKING
 from radixcache.shared.tier_names import TierName
 from storage.base import SpillDown, TierStats
 from storage.codec import CorruptBlock, verify_block
+from storage.retention import RETAIN_S, RetentionLedger, RetentionStats
 
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
@@ -64,6 +71,8 @@ class DiskTier:
         full_cooldown_s: float = 30.0,
         fsync: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        retained_bytes: int = 0,
+        retain_s: float = RETAIN_S,
     ) -> None:
         self.root = Path(root)
         self.fsync = fsync
@@ -76,9 +85,11 @@ class DiskTier:
         self.space_limit_until = float("-inf")
         self._clock = clock
         self._lock = threading.Lock()
-        self._index: OrderedDict[tuple[str, int], int] = (
-            OrderedDict()
-        )  # key -> file size, LRU first
+        # key -> file size, LRU first: the files eviction may take (retained ones are not here)
+        self._index: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self.retention: RetentionLedger[tuple[str, int]] = RetentionLedger(
+            retained_bytes, retain_s, clock
+        )
         self._used = 0
         self._namespaces: dict[str, Namespace] = {}  # seen in this process (for spilling lower)
         self._dirs: set[Path] = set()
@@ -90,7 +101,7 @@ class DiskTier:
         self._namespaces.setdefault(ns.hex, ns)
         nsx = ns.hex
         with self._lock:
-            return [(nsx, h) in self._index for h in hashes]
+            return [self._holds((nsx, h)) for h in hashes]
 
     def get(self, ns: Namespace, hashes: list[int]) -> list[bytes | None]:
         self._namespaces.setdefault(ns.hex, ns)
@@ -101,6 +112,24 @@ class DiskTier:
         for h, value in items:
             self._write(ns.hex, h, value)
 
+    def retain(self, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
+        """Writes a prefix's blocks (in prefix order) where missing and retains them (see the
+        module's docstring). Tail first, each retained as soon as it is in, so the writes of
+        its own blocks cannot evict the others, and the head's retention is the newest."""
+        self._namespaces.setdefault(ns.hex, ns)
+        for h, value in reversed(items):
+            key = (ns.hex, h)
+            self._write(ns.hex, h, value)
+            with self._lock:
+                size = self._index.pop(key, None) or self.retention.size_of(key)
+                if size is not None:  # (None: the write was refused)
+                    self._demote(self.retention.grant([(key, size)]))
+
+    def retention_stats(self) -> RetentionStats:
+        with self._lock:
+            self._demote(self.retention.expire())
+        return self.retention.snapshot()
+
     def delete(self, ns: Namespace, hashes: list[int]) -> None:
         with self._lock:
             for h in hashes:
@@ -110,7 +139,7 @@ class DiskTier:
         return self._used
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._index) + len(self.retention)
 
     def close(self) -> None:
         pass
@@ -126,9 +155,10 @@ class DiskTier:
     def _read(self, nsx: str, h: int) -> bytes | None:
         key = (nsx, h)
         with self._lock:
-            if key not in self._index:
+            if not self._holds(key):
                 return None
-            self._index.move_to_end(key)
+            if key in self._index:
+                self._index.move_to_end(key)
         try:
             with open(self._path(nsx, h), "rb") as f:
                 data = f.read()
@@ -154,6 +184,8 @@ class DiskTier:
         with self._lock:
             if key in self._index:
                 self._index.move_to_end(key)
+                return
+            if key in self.retention:
                 return
         if len(value) > self.capacity_bytes or self._clock() < self.writes_stopped_until:
             self.stats.rejected_writes += 1
@@ -199,7 +231,7 @@ class DiskTier:
         """The filesystem is full: cap the budget at what the tier holds and drop LRU files until
         `size` more bytes fit under it. False if the tier holds nothing to drop."""
         with self._lock:
-            if not self._index:
+            if not self._index and not len(self.retention):
                 return False
             self.space_limit_bytes = self._used
             self.space_limit_until = self._clock() + self.full_cooldown_s
@@ -237,7 +269,12 @@ class DiskTier:
         """Under the lock: drop LRU files until `size` more bytes fit; returns what to spill."""
         evicted = []
         limit = self._limit()
-        while self._used + size > limit and self._index:
+        self._demote(self.retention.expire())
+        while self._used + size > limit and (self._index or len(self.retention)):
+            if not self._index:  # all that is left is retained: the oldest retention yields
+                oldest = self.retention.drop_oldest()
+                assert oldest is not None
+                self._demote([oldest])
             key = next(iter(self._index))
             if self.spill_down is not None and key[0] in self._namespaces:
                 with contextlib.suppress(OSError):
@@ -252,6 +289,15 @@ class DiskTier:
         for nsx, h, value in evicted:
             self.spill_down(self._namespaces[nsx], [(h, value)])
 
+    def _holds(self, key: tuple[str, int]) -> bool:
+        return key in self._index or key in self.retention
+
+    def _demote(self, blocks: list[tuple[tuple[str, int], int]]) -> None:
+        """Under the lock: blocks whose retention ended rejoin the LRU at its cold end."""
+        for key, size in blocks:
+            self._index[key] = size
+            self._index.move_to_end(key, last=False)
+
     def _remove(self, key: tuple[str, int]) -> None:
         """Under the lock: forget the key and delete its file."""
         if self._forget(key):
@@ -259,6 +305,8 @@ class DiskTier:
 
     def _forget(self, key: tuple[str, int]) -> bool:
         size = self._index.pop(key, None)
+        if size is None:
+            size = self.retention.release(key)
         if size is None:
             return False
         self._used -= size

@@ -19,6 +19,12 @@ content-addressed and checksummed, so any copy is as good as the original). Afte
 topology is reread (a failover may have moved its slots) and the node is tried again; stand-ins
 then expire by TTL / maxmemory. MOVED / ASK replies reread the topology and retry those keys once.
 Nothing else is retried, so no call waits longer than the socket timeout.
+
+Retention (`retain`, a request's prompt_cache_retention, when Redis is the persistent tier): the
+key is set with the retention's expiry (24 h; none when the ordinary --redis-ttl is none), and
+ordinary writes of a retained key are skipped so they cannot cut it short. Past the ledger's byte
+budget (storage/retention.py, this process's grants) the oldest retained keys get the ordinary TTL
+back; a retention that runs its time ends with the key (Redis expires it).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from storage.redis_nodes import (
     open_nodes,
     send_and_read,
 )
+from storage.retention import RETAIN_S, RetentionLedger, RetentionStats
 
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
@@ -64,6 +71,8 @@ class RedisTier:
         cooldown_s: float = 5.0,
         max_connections: int = 16,
         clock: Callable[[], float] = time.monotonic,
+        retained_bytes: int = 0,
+        retain_s: int = RETAIN_S,
     ) -> None:
         self.url = url
         self.prefix = prefix
@@ -73,6 +82,7 @@ class RedisTier:
         self.stats = RedisStats()
         self.open_until = float("-inf")  # whole tier skipped: the topology could not be read
         self._clock = clock
+        self.retention: RetentionLedger[str] = RetentionLedger(retained_bytes, retain_s, clock)
         self._nodes: RedisNodes = open_nodes(
             url, timeout_s=socket_timeout_s, max_connections=max_connections
         )
@@ -117,9 +127,36 @@ class RedisTier:
         return out
 
     def put(self, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
+        if len(self.retention):  # a retained key keeps its longer expiry
+            self.retention.expire()
+            items = [(h, v) for h, v in items if self.key(ns, h) not in self.retention]
+        self._set(ns, items, self.ttl_s)
+
+    def retain(self, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
+        """Sets a prefix's blocks (in prefix order) with the retention's expiry, and retains
+        them (see the module's docstring)."""
+        self.retention.expire()  # Redis ends those keys itself, at the same time
+        longest = None if self.ttl_s is None else max(self.ttl_s, int(self.retention.duration_s))
+        written = self._set(ns, items, longest)
+        prefix = []
+        for (h, value), ok in zip(items, written, strict=True):
+            if not ok:
+                break  # blocks chain: what follows a missing block cannot be loaded
+            prefix.append((self.key(ns, h), len(value)))
+        dropped = [key for key, _ in self.retention.grant(prefix)]
+        if dropped and self.ttl_s is not None:  # back to an ordinary key's expiry
+            ttl = self.ttl_s
+            self._fan_out(dropped, lambda ks, _: ("EXPIRE", ks[0], ttl), grouped=False, write=True)
+
+    def retention_stats(self) -> RetentionStats:
+        self.retention.expire()
+        return self.retention.snapshot()
+
+    def _set(self, ns: Namespace, items: list[tuple[int, bytes]], ttl_s: int | None) -> list[bool]:
+        """SET each item (EX ttl_s unless None); whether each was written."""
         keys = [self.key(ns, h) for h, _ in items]
         values = [v for _, v in items]
-        expiry = () if self.ttl_s is None else ("EX", self.ttl_s)
+        expiry = () if ttl_s is None else ("EX", ttl_s)
         replies = self._fan_out(
             keys, lambda ks, ix: ("SET", ks[0], values[ix[0]], *expiry), grouped=False, write=True
         )
@@ -129,9 +166,12 @@ class RedisTier:
             else:
                 self.stats.bytes_written += len(value)
                 self.stats.blocks_written += 1
+        return [reply is not _MISSING for reply in replies]
 
     def delete(self, ns: Namespace, hashes: list[int]) -> None:
         keys = [self.key(ns, h) for h in hashes]
+        for key in keys:
+            self.retention.release(key)
         self._fan_out(keys, lambda ks, _: ("DEL", ks[0]), grouped=False, write=False)
 
     def used_bytes(self) -> int:

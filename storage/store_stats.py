@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from storage.base import TierStats
+from storage.retention import RetentionStats
 
 
 @dataclass
@@ -29,3 +30,5 @@ class StoreSnapshot:
     tiers: dict[str, TierSnapshot]  # by tier name, fastest first
     store: StoreStats  # a copy
     pending_blocks: int  # queued for the writer thread, not yet written
+    # the persistent tier's name and its retained prefixes (None: no persistent tier)
+    retention: tuple[str, RetentionStats] | None = None

@@ -1,7 +1,9 @@
 """TieredStore: the spill tiers below device memory, chained host -> disk -> Redis.
 
-The engine calls two things, both cheap on its own thread:
+The engine calls these, all cheap on its own thread:
   store(ns, [(hash, kv)])         on device eviction: copies the KV, queues it, returns
+  retain(ns, [(hash, kv)])        a prefix to keep in the persistent tier (disk, else Redis) past
+                                  its ordinary eviction, for a while (storage/retention.py)
   start_load(ns, hashes, shape)   at admission: starts loading the longest leading run of
                                   `hashes` found in the tiers and returns a PendingLoad at once;
                                   the engine keeps stepping and takes the blocks when it is done
@@ -18,12 +20,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 
 from radixcache.shared.tier_names import TierName
-from storage.base import Tier
+from storage.base import RetainingTier, Tier
 from storage.codec import CorruptBlock, decode_block
 from storage.config import TierConfig
 from storage.loading import LoadJob, leading_run, segments
@@ -99,6 +101,9 @@ class TieredStore:
         self.store_stats = StoreStats()
         self.observer = observer
         self._redis = next((t for t in self.tiers if t.name == TierName.REDIS), None)
+        # where retained prefixes go: the disk tier, else Redis (both are RetainingTiers)
+        persistent = [t for t in self.tiers if t.name in (TierName.DISK, TierName.REDIS)]
+        self._keeper = cast("RetainingTier", persistent[0]) if persistent else None
         self._writer = TierWriter(
             self.tiers, self.write_through, config.queue_blocks, self.store_stats, observer
         )
@@ -128,6 +133,17 @@ class TieredStore:
         replicas can load them. Copies like store(); a no-op unless write_through."""
         if self.write_through:
             self._writer.enqueue_tensors("publish", self._redis, ns, items)
+
+    @property
+    def can_retain(self) -> bool:
+        """Whether there is a persistent tier to keep retained prefixes in, with a budget."""
+        return self._keeper is not None and self.config.retained_bytes > 0
+
+    def retain(self, ns: Namespace, items: list[tuple[int, torch.Tensor]]) -> None:
+        """Queues a prefix's blocks (in prefix order; still on device: copied like store()) for
+        the persistent tier, retained there. A no-op without one."""
+        if self._keeper is not None:
+            self._writer.enqueue_tensors("retain", self._keeper, ns, items)
 
     def start_load(
         self,
@@ -183,7 +199,9 @@ class TieredStore:
             t.name: TierSnapshot(replace(t.stats), t.used_bytes(), budgets.get(t.name))
             for t in self.tiers
         }
-        return StoreSnapshot(tiers, replace(self.store_stats), self._writer.pending)
+        keeper = self._keeper
+        retention = None if keeper is None else (keeper.name, keeper.retention_stats())
+        return StoreSnapshot(tiers, replace(self.store_stats), self._writer.pending, retention)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every queued write is done (tests, shutdown). False on timeout."""

@@ -4,6 +4,7 @@ Jobs are (kind, target tier, namespace, items):
   "new"      evicted KV tensors -> the top tier (and Redis too when write-through)
   "publish"  freshly computed KV tensors -> Redis (write-through)
   "put"      encoded values -> `target` (spills of a tier's evictions, promotions)
+  "retain"   a retained prefix's KV tensors -> `target`, the persistent tier, marked retained
 Queued blocks are capped at `capacity`; over it a job is dropped and counted, never waited for.
 Every completed write is reported to the `observer` (KV events), on this thread.
 """
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from radixcache.shared.tier_names import TierName
-from storage.base import Tier
+from storage.base import RetainingTier, Tier
 from storage.codec import encode_block
 
 if TYPE_CHECKING:
@@ -108,6 +109,8 @@ class TierWriter:
                         self._write_missing(self.redis, ns, items, encoded)
                 elif kind == "publish":
                     self._write_missing(target, ns, items)
+                elif kind == "retain":
+                    self._retain(target, ns, items)
                 else:
                     self._put(target, ns, items)
             except Exception:  # a tier bug must not kill the writer; count it on the tier
@@ -122,6 +125,18 @@ class TierWriter:
         tier.put(ns, items)
         if self.observer is not None and items:
             self.observer.stored(tier.name, ns, [h for h, _ in items])
+
+    def _retain(
+        self, tier: RetainingTier, ns: Namespace, items: list[tuple[int, torch.Tensor]]
+    ) -> None:
+        """Every block is encoded (a tier may rewrite a present one to set its expiry); the
+        observer hears of those the tier lacked (as _put: written or refused)."""
+        hashes = [h for h, _ in items]
+        present = tier.contains(ns, hashes) if self.observer is not None else []
+        tier.retain(ns, [(h, encode_block(kv)) for h, kv in items])
+        new = [h for h, has in zip(hashes, present, strict=True) if not has]
+        if self.observer is not None and new:
+            self.observer.stored(tier.name, ns, new)
 
     def _write_missing(
         self,

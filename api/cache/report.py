@@ -100,6 +100,7 @@ def cache_report(
         "occupancy": {tier: asdict(o) for tier, o in counters.occupancy.items()},
         "requests": {"running": counters.running, "waiting": counters.waiting},
         "redis_nodes": counters.redis_nodes,
+        "retention": None if counters.retention is None else asdict(counters.retention),
         "compute_saved_note": "flops ~ 2 x parameters x tokens saved (attention not counted)",
         TierName.DEVICE: {
             "block_size": cache.block_size,

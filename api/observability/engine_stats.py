@@ -63,6 +63,19 @@ class TierOccupancy:
 
 
 @dataclass(frozen=True)
+class RetentionCounters:
+    """prompt_cache_retention's blocks in the persistent tier (storage/retention.py)."""
+
+    tier: str
+    retained_blocks: int
+    retained_bytes: int
+    budget_bytes: int
+    granted_blocks: int  # retentions given or renewed
+    dropped_blocks: int  # retentions ended early past the budget, oldest first
+    expired_blocks: int  # retentions that ran their full time
+
+
+@dataclass(frozen=True)
 class EngineCounters:
     cache: CacheCounters
     device: CacheStats
@@ -74,12 +87,22 @@ class EngineCounters:
     occupancy: dict[str, TierOccupancy] = field(default_factory=dict)
     redis_nodes: dict[str, dict[str, int]] = field(default_factory=dict)  # "host:port" -> health
     spec: SpecStats = field(default_factory=SpecStats)  # a copy: speculative decoding
+    retention: RetentionCounters | None = None  # None: no persistent tier
 
 
 def _redis_nodes(snap: EngineSnapshot) -> dict[str, dict[str, int]]:
     redis = None if snap.tiers is None else snap.tiers.tiers.get(TierName.REDIS)
     nodes = getattr(redis.stats, "nodes", {}) if redis is not None else {}
     return {name: h.snapshot() for name, h in sorted(nodes.items())}
+
+
+def _retention(snap: EngineSnapshot) -> RetentionCounters | None:
+    if snap.tiers is None or snap.tiers.retention is None:
+        return None
+    tier, r = snap.tiers.retention
+    return RetentionCounters(
+        tier, r.blocks, r.bytes, r.budget_bytes, r.granted, r.dropped, r.expired
+    )
 
 
 def read_counters(snap: EngineSnapshot, output_tokens: int) -> EngineCounters:
@@ -126,4 +149,5 @@ def read_counters(snap: EngineSnapshot, output_tokens: int) -> EngineCounters:
         occupancy=occupancy,
         redis_nodes=_redis_nodes(snap),
         spec=totals.spec,
+        retention=_retention(snap),
     )

@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 
 from api.config import METRIC_NAMES
 from api.observability import metrics_vllm
-from api.observability.engine_stats import EngineCounters
+from api.observability.engine_stats import EngineCounters, RetentionCounters
 from api.observability.latency import LatencyRecorder
 from api.observability.pools import layer_types_report
 from engine.speculative.stats import SpecStats
@@ -90,6 +90,38 @@ class EngineCollector(Collector):
         if c.device.windows is not None:
             yield from _layer_type_metrics(c.device)
         yield from _redis_nodes(c.redis_nodes)
+        if c.retention is not None:
+            yield from _retention_metrics(c.retention)
+
+
+def _retention_metrics(r: RetentionCounters) -> Iterator[Metric]:
+    """prompt_cache_retention: what the persistent tier keeps, and how retentions ended."""
+    gauge, counter = GaugeMetricFamily, CounterMetricFamily
+    yield _by_tier(gauge, "cache_retained_blocks", "Blocks retained", r.tier, r.retained_blocks)
+    yield _by_tier(gauge, "cache_retained_bytes", "Bytes retained", r.tier, r.retained_bytes)
+    yield _by_tier(
+        gauge, "cache_retained_budget_bytes", "Budget of retained bytes", r.tier, r.budget_bytes
+    )
+    yield _by_tier(
+        counter,
+        "cache_retention_dropped_blocks",
+        "Retentions ended early past the budget (oldest first)",
+        r.tier,
+        r.dropped_blocks,
+    )
+    yield _by_tier(
+        counter,
+        "cache_retention_expired_blocks",
+        "Retentions that ran their full time",
+        r.tier,
+        r.expired_blocks,
+    )
+
+
+def _by_tier(family: type, name: str, doc: str, tier: str, value: float) -> Metric:
+    metric = family(f"{PREFIX}_{name}", doc, labels=["tier"])
+    metric.add_metric([tier], value)
+    return metric
 
 
 def _layer_type_metrics(device: CacheStats) -> Iterator[Metric]:

@@ -74,6 +74,8 @@ class _SamplingFields(_Request):
     cache_salt: str | None = Field(None, max_length=256)
     # a routing and analytics label grouping requests that share a prefix (it never isolates)
     prompt_cache_key: str | None = Field(None, max_length=MAX_PROMPT_CACHE_KEY)
+    # 24h: the prompt's prefix is kept in the persistent tier (disk or Redis) for 24 hours
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     user: str | None = None  # allow-listed: accepted, ignored
     store: bool | None = None  # allow-listed: accepted, ignored (nothing is stored)
     metadata: dict[str, str] | None = None  # allow-listed: accepted, ignored

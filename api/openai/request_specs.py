@@ -34,6 +34,7 @@ def completion_spec(req: CompletionRequest) -> GenerationSpec:
         cache_salt=req.cache_salt,
         prompt_cache_key=req.prompt_cache_key,
         constraint_param=param,
+        retention=req.prompt_cache_retention or "in_memory",
     )
 
 
@@ -67,6 +68,7 @@ def chat_spec(
         cache_salt=req.cache_salt,
         prompt_cache_key=req.prompt_cache_key,
         constraint_param=param,
+        retention=req.prompt_cache_retention or "in_memory",
     )
     return spec, plan
 

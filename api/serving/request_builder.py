@@ -66,11 +66,16 @@ def _sampling_params(fields: Mapping[str, Any]) -> SamplingParams:
 
 async def build_jobs(state: ServerState, spec: GenerationSpec, caller: Caller) -> list[GenerateJob]:
     """The engine jobs of `spec`, or the 4xx that refuses it."""
-    if spec.retention != "in_memory":
-        raise ApiError(
-            400, "prompt_cache_retention '24h' is not served yet", param="prompt_cache_retention"
-        )
     engine = state.engine
+    retain = spec.retention == "24h"
+    if retain and not engine.can_retain:
+        raise ApiError(
+            400,
+            "prompt_cache_retention '24h' needs a persistent KV cache tier (disk or Redis), and "
+            "this server runs without one; send 'in_memory' or leave the field out",
+            param="prompt_cache_retention",
+            code="unsupported_value",
+        )
     tokenizer = engine.tokenizer
     bias = logit_bias_pairs(spec.logit_bias, tokenizer.vocab_size)
     salt = caller.cache_salt(spec.cache_salt)
@@ -82,7 +87,8 @@ async def build_jobs(state: ServerState, spec: GenerationSpec, caller: Caller) -
         )
         fields = dict(spec.sampling, max_tokens=max_tokens, logit_bias=bias)
         params = _sampling_params(dict(fields, constraint=spec.constraint))
-        jobs.append(GenerateJob(new_id(spec.id_prefix), prompt, params, salt))
+        job = GenerateJob(new_id(spec.id_prefix), prompt, params, salt, retain_prefix=retain)
+        jobs.append(job)
     await prepare_constraint(engine, spec.constraint, spec.constraint_param)
     return jobs
 

@@ -11,7 +11,8 @@
   draft_within_own_block(seq, draft)  how many draft tokens to verify (see there)
   lookahead(seq, k)  up to k cached tokens continuing seq's (drafts from the tree)
   computed(seq, n)   after a step: n more tokens' KV is computed; frees the blocks past seq's
-                     tokens (a rejected draft's) and hands newly full blocks to the tree
+                     tokens (a rejected draft's) and hands newly full blocks to the tree; once
+                     a retained request's prompt is in, its full blocks go to the persistent tier
   free(seq)          drop everything seq holds (its tree blocks stay cached)
 
 and for administration and analytics (engine/kv/admin.py, engine/analytics.py):
@@ -383,12 +384,28 @@ class KVCacheManager:
         blocks past what seq's tokens need (a rejected draft's) are freed, newly full blocks
         go to the tree (dedup: seq switches to the tree's copy), and window blocks that fell
         out of seq's window are let go."""
+        before = seq.num_computed_tokens
         seq.num_computed_tokens += num_tokens
         self._trim(seq)
         if self._shares(seq):
             self._commit(seq, loaded=False)
+        if before < seq.num_prompt_tokens <= seq.num_computed_tokens:  # the prompt is in
+            self._retain(seq)
         if self.windows is not None and self.release_window_blocks:
             self._release_out_of_window(seq, self.windows)
+
+    def _retain(self, seq: Sequence) -> None:
+        """A retained request's prompt blocks, device hits included, are all in the tree now:
+        hand them to the persistent tier (once per request: its first sample; again after a
+        preemption, which renews the retention)."""
+        if not seq.request.retain_prefix or seq.index != 0 or self.tiers is None:
+            return
+        n = seq.num_prompt_tokens // self.block_size
+        if n == 0 or seq.handle is None:
+            return
+        assert seq.num_tree_blocks >= n
+        hashes = self.cache.hashes_of(seq.handle)[:n]
+        self.tiers.retain(self._ns(seq), hashes, seq.block_ids[:n])
 
     def _release_out_of_window(self, seq: Sequence, windows: WindowBlocks) -> None:
         """Lets go of the window blocks wholly before the window of seq's next token (at
@@ -498,6 +515,11 @@ class KVCacheManager:
     def stats(self) -> CacheStats:
         """The device pool's occupancy and per-namespace counters."""
         return self.cache.stats()
+
+    @property
+    def can_retain(self) -> bool:
+        """Whether prefixes can be retained: a persistent tier (disk or Redis) below."""
+        return self.tiers is not None and self.tiers.store.can_retain
 
     def tier_stats(self) -> StoreSnapshot | None:
         """The spill tiers' counters; None without tiers."""

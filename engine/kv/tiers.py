@@ -101,6 +101,18 @@ class KVTiers:
         if items:
             self.store.publish(committed.ns, items)
 
+    def retain(self, ns: Namespace, hashes: list[int], block_ids: list[int]) -> None:
+        """A retained request's prefix (tree blocks, in order) goes to the persistent tier."""
+        items = []
+        for h, f in zip(hashes, block_ids, strict=True):
+            twin = self.windows.twin_of(f) if self.windows is not None else NULL_BLOCK
+            kv = self._block_kv(f, twin)
+            if kv is None:
+                break  # hashes chain: a block after a missing one could not be loaded
+            items.append((h, kv))
+        if items:
+            self.store.retain(ns, items)
+
     def twins_evicted(self, block_hashes: list[int]) -> None:
         """Nothing to spill: the block goes down whole, with its twin, or not at all."""
 
