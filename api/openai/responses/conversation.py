@@ -21,7 +21,8 @@ def prompt_ids(
         text = templates.render(prompt)
     except TemplateError as exc:
         raise ApiError(400, str(exc), param="input") from exc
-    kept = spelled_prefix(tokenizer, earlier, text)
+    known = next((i for i, t in enumerate(earlier) if t >= tokenizer.vocab_size), len(earlier))
+    kept = spelled_prefix(tokenizer, earlier[:known], text)  # ids past the tokenizer's: not sent
     rest = text[len(tokenizer.decode(kept, skip_special_tokens=False)) :]
     ids = kept + (list(tokenizer.encode(rest, add_special_tokens=False)) if rest else [])
     if not ids:

@@ -4,7 +4,6 @@ the plan of its tools, through the chat path's protocol-neutral tool_plan and fo
 from __future__ import annotations
 
 from api.chat_template import ChatTemplates
-from api.errors import ApiError
 from api.openai.output_format import format_constraint
 from api.openai.responses.items import chat_tool_choice, chat_tools, response_format
 from api.openai.responses.protocol import ResponsesRequest
@@ -28,15 +27,11 @@ def tool_plan_of(
 def responses_spec(
     req: ResponsesRequest, prompt_ids: list[int], plan: ToolPlan | None
 ) -> GenerationSpec:
-    constraint, param = format_constraint(response_format(req.text)), "text.format"
+    # forced calls leave no text for text.format to shape: their grammar wins (OpenAI takes both)
     if plan is not None and plan.forced:
-        if constraint is not None:
-            raise ApiError(
-                400,
-                "tool_choice 'required' or a named function cannot be combined with text.format",
-                param="tool_choice",
-            )
         constraint, param = plan.constraint, "tool_choice"
+    else:
+        constraint, param = format_constraint(response_format(req.text)), "text.format"
     keep_special = plan is not None and plan.keeps_special_tokens
     return GenerationSpec(
         id_prefix="resp",
