@@ -87,7 +87,10 @@ def test_item_input_is_the_same_prompt_as_a_string(client: openai.OpenAI, server
     plain = _create(client, server, input=text, max_output_tokens=6)
     parts = [{"type": "input_text", "text": text[:10]}, {"type": "input_text", "text": text[10:]}]
     items = _create(
-        client, server, input=[{"type": "message", "role": "user", "content": parts}], max_output_tokens=6
+        client,
+        server,
+        input=[{"type": "message", "role": "user", "content": parts}],
+        max_output_tokens=6,
     )
     assert items.output_text == plain.output_text
     assert items.usage.input_tokens == plain.usage.input_tokens
@@ -149,7 +152,12 @@ def test_unknown_id_is_openais_404(server: Server) -> None:
         reply = httpx.request(method, server.url + "/v1/responses/resp_nope")
         assert reply.status_code == 404
         error = reply.json()["error"]
-        assert "resp_nope" in error["message"] and set(error) == {"message", "type", "param", "code"}
+        assert "resp_nope" in error["message"] and set(error) == {
+            "message",
+            "type",
+            "param",
+            "code",
+        }
 
 
 def test_store_false_keeps_nothing(client: openai.OpenAI, server: Server) -> None:
@@ -223,7 +231,11 @@ def test_function_call_round_trip(tools_client: openai.OpenAI, long_server: Serv
     cached = second.usage.input_tokens_details.cached_tokens
     assert cached >= first.usage.input_tokens // BLOCK_SIZE * BLOCK_SIZE
     # the same conversation sent whole, as items (what a client without the store sends)
-    resent = [{"role": "user", "content": "Weather in Paris?"}, call.model_dump(exclude_none=True), answer]
+    resent = [
+        {"role": "user", "content": "Weather in Paris?"},
+        call.model_dump(exclude_none=True),
+        answer,
+    ]
     whole = _create(
         tools_client, long_server, input=resent, instructions="x", tools=TOOLS, max_output_tokens=4
     )
@@ -270,6 +282,7 @@ def test_tenants_see_only_their_own(auth_server: Server) -> None:
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"truncation": "auto"}, "truncation"),
+        ({"max_output_tokens": 100_000}, "max_output_tokens"),
         ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "input.0"),
         ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
     ],

@@ -1,12 +1,16 @@
 """The Responses API's SQLite store: a record round-trips, the store keeps at most its bound
 (oldest dropped first), a record expires after its TTL (an injected clock, no sleeps), a file
-store survives a reopen, and threads may share it."""
+store survives a reopen, threads may share it, and `serve` keeps it under the cache folder."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
+from api.cli import api_config, build_parser
+from api.openai.responses.open_store import open_store
 from api.openai.responses.store import StoredResponse
 from api.openai.responses.store_sqlite import SqliteResponseStore
 
@@ -43,7 +47,13 @@ def test_bounded_oldest_dropped_first() -> None:
         clock.now += 1
         store.put(record(n))
     assert store.count() == 3
-    assert [store.get(f"resp_{n}") is not None for n in range(5)] == [False, False, True, True, True]
+    assert [store.get(f"resp_{n}") is not None for n in range(5)] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
 
 
 def test_expires_after_ttl() -> None:
@@ -76,3 +86,19 @@ def test_shared_across_threads() -> None:
         found = list(pool.map(lambda n: store.get(f"resp_{n}"), range(200)))
     assert all(f is not None for f in found) and store.count() == 200
     store.close()
+
+
+def test_serve_keeps_responses_under_the_cache_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RADIXCACHE_HOME", str(tmp_path))
+    config = api_config(build_parser().parse_args(["serve"]))
+    assert config.responses_store_path == tmp_path / "responses.sqlite"
+    assert config.responses_ttl_s == 30 * 24 * 3600
+    store = open_store(config)
+    store.put(record(3))
+    store.close()
+    assert SqliteResponseStore(config.responses_store_path, 60, 10).get("resp_3") == record(3)
+    args = ["serve", "--responses-store", str(tmp_path / "r.db"), "--responses-max", "5"]
+    config = api_config(build_parser().parse_args(args))
+    assert config.responses_store_path == tmp_path / "r.db" and config.responses_max == 5

@@ -24,7 +24,13 @@ from api.openai.responses.spec import responses_spec, tool_plan_of
 from api.openai.responses.store import ResponseStore, StoredResponse
 from api.serving.engine_errors import raise_if_failed
 from api.serving.input_checks import check_model
-from api.serving.job_streams import ClientDisconnected, collect_final, start_request
+from api.serving.job_streams import (
+    ClientDisconnected,
+    RunningJobs,
+    collect_final,
+    start_request,
+)
+from api.serving.request_builder import GenerationSpec
 from api.serving.respond import respond
 from api.state import ServerState, state_of
 from engine.outputs import RequestResult
@@ -83,7 +89,7 @@ async def create_response(request: Request) -> Response:
     reused = earlier.token_ids if earlier is not None else []
     tokenizer = state.engine.tokenizer
     ids = await asyncio.to_thread(prompt_ids, tokenizer, state.templates, prompt, reused)
-    running = await start_request(state, responses_spec(req, ids, plan), caller)
+    running = await _start(state, responses_spec(req, ids, plan), caller)
     answer = Answer(req.model, settings_of(req))
     writer = OutputWriter(plan)
 
@@ -113,6 +119,18 @@ async def create_response(request: Request) -> Response:
     await finish(body, result)
     state.metrics.requests.labels(request.url.path, "ok").inc()
     return JSONResponse(body)
+
+
+_PARAMS = {"max_tokens": "max_output_tokens", "prompt": "input"}  # the builder's names -> ours
+
+
+async def _start(state: ServerState, spec: GenerationSpec, caller: Caller) -> RunningJobs:
+    try:
+        return await start_request(state, spec, caller)
+    except ApiError as exc:
+        exc.param = _PARAMS.get(exc.param or "", exc.param)
+        exc.message = exc.message.replace("max_tokens", "max_output_tokens")
+        raise
 
 
 @router.get("/v1/responses/{response_id}")
