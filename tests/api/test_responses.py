@@ -294,3 +294,37 @@ def test_unhonoured_fields_are_refused_by_name(
     reply = httpx.post(server.url + "/v1/responses", json=body)
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == param
+
+
+def test_prompt_cache_key_and_retention_are_honoured(client: openai.OpenAI, server: Server) -> None:
+    kw: dict[str, Any] = dict(input=fresh_text(40, 10), max_output_tokens=4)
+    out = _create(client, server, prompt_cache_key="resp-key", **kw)
+    again = _create(
+        client, server, prompt_cache_key="resp-key", prompt_cache_retention="in_memory", **kw
+    )
+    assert out.prompt_cache_key == "resp-key" and again.prompt_cache_retention == "in_memory"
+    stats = httpx.get(server.url + "/v1/cache/stats").json()["prompt_cache_keys"]["keys"]
+    row = stats["resp-key"]
+    assert row["requests"] == 2
+    assert row["cached_tokens"] == again.usage.input_tokens_details.cached_tokens > 0
+
+
+def test_streamed_call_events(tools_client: openai.OpenAI, long_server: Server) -> None:
+    kw: dict[str, Any] = dict(input="Weather?", instructions="x", tools=TOOLS, tool_choice=CALL)
+    events = list(_create(tools_client, long_server, max_output_tokens=120, stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert set(kinds[3:-3]) == {"response.function_call_arguments.delta"}
+    assert kinds[-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    added, done = events[2].item, events[-2].item
+    assert added.type == "function_call" and added.arguments == "" and added.name == "weather"
+    assert done.id == added.id and done.call_id == added.call_id and done.status == "completed"
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert deltas == done.arguments == events[-3].arguments
+    assert json.loads(deltas) == {"city": "Paris"}
+    whole = _create(tools_client, long_server, max_output_tokens=120, **kw)
+    assert whole.output[0].arguments == deltas
