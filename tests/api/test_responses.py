@@ -6,6 +6,8 @@ json_schema, a call cut by max_output_tokens, tenants, store=false, and refusals
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,7 +15,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.api.servers import API_KEYS, BLOCK_SIZE, Server, fresh_text
+from api.config import ApiConfig
+from tests.api.servers import API_KEYS, BLOCK_SIZE, Server, engine_config, fresh_text, start_server
 
 SCHEMA = {
     "type": "object",
@@ -328,3 +331,42 @@ def test_streamed_call_events(tools_client: openai.OpenAI, long_server: Server) 
     assert json.loads(deltas) == {"city": "Paris"}
     whole = _create(tools_client, long_server, max_output_tokens=120, **kw)
     assert whole.output[0].arguments == deltas
+
+
+@pytest.fixture()
+def storeless_server(tiny_llama: Path) -> Iterator[Server]:
+    """A server whose store is closed under it (a store gone down, as a lost Redis would be)."""
+    handle = start_server(engine_config(tiny_llama), ApiConfig())
+    handle.state.responses.close()
+    yield handle
+    handle.stop()
+
+
+def _sse(text: str) -> list[tuple[str, dict[str, Any]]]:
+    events = []
+    for frame in text.strip().split("\n\n"):
+        kind, data = frame.split("\n")
+        assert kind.startswith("event: ") and data.startswith("data: ")
+        events.append((kind[len("event: ") :], json.loads(data[len("data: ") :])))
+    return events
+
+
+def test_a_failure_ends_the_stream_with_error_then_failed(storeless_server: Server) -> None:
+    body = {"model": storeless_server.model, "input": "hi", "max_output_tokens": 4}
+    url = storeless_server.url + "/v1/responses"
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as reply:
+        assert reply.status_code == 200
+        events = _sse(reply.read().decode())
+    kinds = [kind for kind, _ in events]
+    assert kinds[0] == "response.created" and "response.output_text.delta" in kinds
+    assert kinds[-2:] == ["error", "response.failed"]
+    assert all(kind == data["type"] for kind, data in events)
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    error, failed = events[-2][1], events[-1][1]["response"]
+    assert error["code"] == "store_unavailable" and failed["status"] == "failed"
+    assert failed["error"]["code"] == "store_unavailable" and failed["output"]
+    whole = httpx.post(url, json=body, timeout=60)
+    assert whole.status_code == 503 and whole.json()["error"]["code"] == "store_unavailable"
+    assert httpx.get(url + "/resp_x", timeout=60).status_code == 503
+    unstored = httpx.post(url, json={**body, "store": False}, timeout=60)
+    assert unstored.status_code == 200 and unstored.json()["status"] == "incomplete"

@@ -7,7 +7,8 @@ visible only to its caller's tenant."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -37,6 +38,7 @@ from engine.outputs import RequestResult
 from radixcache.shared.chat_template import ChatPrompt
 
 router = APIRouter()
+T = TypeVar("T")
 
 
 def _store(state: ServerState) -> ResponseStore:
@@ -45,9 +47,18 @@ def _store(state: ServerState) -> ResponseStore:
     return state.responses
 
 
+async def _in_store(call: Callable[..., T], *args: Any) -> T:
+    """A store call off the event loop; a store that fails (down, closed) is a 503."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except Exception as exc:
+        message = f"The response store failed: {type(exc).__name__}: {exc}"
+        raise ApiError(503, message, code="store_unavailable") from exc
+
+
 async def _owned(state: ServerState, caller: Caller, response_id: str) -> StoredResponse | None:
     """The record, if it exists and is the caller's tenant's."""
-    record = await asyncio.to_thread(_store(state).get, response_id)
+    record = await _in_store(_store(state).get, response_id)
     if record is None or record.tenant != caller.tenant:
         return None
     return record
@@ -101,7 +112,7 @@ async def create_response(request: Request) -> Response:
         record = StoredResponse(
             answer.id, caller.tenant, answer.created_at, body, conversation + output, ids
         )
-        await asyncio.to_thread(_store(state).put, record)
+        await _in_store(_store(state).put, record)
 
     if req.stream:
         events = response_events(running, answer, writer, finish)
@@ -150,5 +161,5 @@ async def delete_response(response_id: str, request: Request) -> JSONResponse:
     store = _store(state)
     if await _owned(state, caller, response_id) is None:
         raise _not_found(response_id)
-    await asyncio.to_thread(store.delete, response_id)
+    await _in_store(store.delete, response_id)
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
