@@ -102,3 +102,13 @@ def test_serve_keeps_responses_under_the_cache_folder(
     args = ["serve", "--responses-store", str(tmp_path / "r.db"), "--responses-max", "5"]
     config = api_config(build_parser().parse_args(args))
     assert config.responses_store_path == tmp_path / "r.db" and config.responses_max == 5
+
+
+def test_replacing_a_record_makes_it_the_newest() -> None:
+    clock = Clock()
+    store = SqliteResponseStore(None, ttl_s=3600, max_responses=2, clock=clock)
+    for n in (1, 2, 1, 3):  # resp_1 written again after resp_2: resp_2 is now the oldest
+        clock.now += 1
+        store.put(record(n))
+    assert store.get("resp_2") is None and store.get("resp_1") is not None
+    assert store.count() == 2

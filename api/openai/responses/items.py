@@ -37,6 +37,7 @@ from api.openai.responses.protocol import (
     TextFormatJsonSchema,
     ToolChoice,
 )
+from radixcache.shared.chat_template import ChatPrompt
 
 _ITEMS = TypeAdapter(list[Item])
 
@@ -48,6 +49,15 @@ def item_dicts(items: list[InputItem]) -> list[dict[str, Any]]:
 def read_items(stored: list[dict[str, Any]]) -> list[InputItem]:
     """A stored conversation (input items and our output items, as dicts) as items again."""
     return _ITEMS.validate_python(stored)
+
+
+def chat_prompt(
+    instructions: str | None, conversation: list[dict[str, Any]], tools: list[FunctionTool] | None
+) -> ChatPrompt:
+    """What the template renders for a turn: the instructions, the conversation's items, and the
+    tools as chat requests give them (so a chat and a response with the same tools share them)."""
+    chat = [t.model_dump(exclude_none=True) for t in chat_tools(tools) or ()]
+    return ChatPrompt(chat_messages(instructions, read_items(conversation)), chat or None)
 
 
 def chat_messages(instructions: str | None, items: list[InputItem]) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from api.errors import ApiError, parse_body
 from api.openai.responses.answer import Answer, settings_of
 from api.openai.responses.conversation import prompt_ids
 from api.openai.responses.events import response_events
-from api.openai.responses.items import chat_messages, chat_tools, item_dicts, read_items
+from api.openai.responses.items import chat_prompt, item_dicts
 from api.openai.responses.output import OutputWriter
 from api.openai.responses.protocol import ResponsesRequest
 from api.openai.responses.spec import responses_spec, tool_plan_of
@@ -35,7 +35,6 @@ from api.serving.request_builder import GenerationSpec
 from api.serving.respond import respond
 from api.state import ServerState, state_of
 from engine.outputs import RequestResult
-from radixcache.shared.chat_template import ChatPrompt
 
 router = APIRouter()
 T = TypeVar("T")
@@ -91,11 +90,8 @@ async def create_response(request: Request) -> Response:
     req = parse_body(await request.body(), ResponsesRequest)
     check_model(req.model, state.served_names)
     earlier = await _earlier(state, caller, req)
-    history = earlier.conversation if earlier is not None else []
-    conversation = history + item_dicts(req.items())
-    tools = [t.model_dump(exclude_none=True) for t in chat_tools(req.tools) or ()]
-    messages = chat_messages(req.instructions, read_items(conversation))
-    prompt = ChatPrompt(messages, tools or None)
+    conversation = (earlier.conversation if earlier is not None else []) + item_dicts(req.items())
+    prompt = chat_prompt(req.instructions, conversation, req.tools)
     plan = tool_plan_of(req, state.templates, state.config.tool_call_parser, prompt)
     reused = earlier.token_ids if earlier is not None else []
     tokenizer = state.engine.tokenizer
@@ -105,6 +101,7 @@ async def create_response(request: Request) -> Response:
     writer = OutputWriter(plan)
 
     async def finish(body: dict[str, Any], result: RequestResult) -> None:
+        """Keeps the conversation (this turn's output items appended) and its token ids."""
         if not req.store:
             return
         output = [item.model_dump(mode="json") for item in writer.items]

@@ -1,7 +1,8 @@
 """The Responses store in SQLite (stdlib sqlite3): one file under the cache folder by default, or
 in memory when no path is given. One connection behind a lock, so it is safe from any thread.
-Bounded: a put beyond `max_responses` drops the oldest records; a record older than `ttl_s` is
-gone (never returned, and purged on the next put)."""
+Bounded: a put beyond `max_responses` drops the oldest records (of the newest `max_responses`
+writes, those not deleted are kept); a record older than `ttl_s` is gone (never returned, and
+purged on the next put)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class SqliteResponseStore:
         target = ":memory:" if path is None else str(path)
         self._db = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # a crash of the process loses nothing
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()
         self._ttl_s = ttl_s
@@ -64,9 +66,10 @@ class SqliteResponseStore:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?)", row)
             self._db.execute("DELETE FROM responses WHERE written_at <= ?", (now - self._ttl_s,))
+            # rowids grow with each write: the newest `max` writes have the top `max` rowids
+            # (fewer rows after deletes), so the bound costs a lookup, not a scan
             self._db.execute(
-                "DELETE FROM responses WHERE id IN (SELECT id FROM responses "
-                "ORDER BY written_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
+                "DELETE FROM responses WHERE rowid <= (SELECT MAX(rowid) FROM responses) - ?",
                 (self._max,),
             )
 
