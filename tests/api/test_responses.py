@@ -286,6 +286,8 @@ def test_tenants_see_only_their_own(auth_server: Server) -> None:
         ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"truncation": "auto"}, "truncation"),
         ({"max_output_tokens": 100_000}, "max_output_tokens"),
+        ({"background": True}, "background"),
+        ({"conversation": "conv_1"}, "conversation"),
         ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "input.0"),
         ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
     ],

@@ -2,13 +2,16 @@
 so a field we do not honour is a 400 naming it. Input items: messages (text parts only),
 function_call and function_call_output; tools: functions only.
 
-Honoured: model, input, instructions, tools, tool_choice, parallel_tool_calls, text.format,
-max_output_tokens, temperature, top_p, stream, store, previous_response_id, prompt_cache_key,
-prompt_cache_retention, metadata (kept and echoed), truncation "disabled" (a prompt beyond the
-context window is a 400), include [] (no extra output data). Allow-listed, accepted and ignored
-but echoed: `user`, `safety_identifier` (OpenAI-side abuse bookkeeping), `service_tier` (one server
-has one tier); in items, what a client echoes of our own output (an item's `id` and `status`, an
-output_text's `annotations` and `logprobs`)."""
+Honoured: model, input, instructions, tools, tool_choice, parallel_tool_calls, text.format (the
+grammar engine), max_output_tokens, temperature, top_p, stream, store, previous_response_id,
+prompt_cache_key, prompt_cache_retention (GenerationSpec.retention), metadata (kept and echoed),
+truncation "disabled" (a prompt beyond the context window is a 400), include [] (no extra output
+data), background false. Allow-listed, accepted and ignored but echoed: `user`,
+`safety_identifier` (OpenAI-side abuse bookkeeping), `service_tier` (one server has one tier); in
+items, what a client echoes of our own output (an item's `id` and `status`, an output_text's
+`annotations` and `logprobs`). Refused by name, among others: reasoning, prompt, conversation,
+context_management, prompt_cache_options, top_logprobs, max_tool_calls, stream_options,
+text.verbosity, truncation "auto", include values, non-function tools, other item types."""
 
 from __future__ import annotations
 
@@ -174,6 +177,7 @@ class ResponsesRequest(_Closed):
     metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
     truncation: Literal["disabled"] | None = None  # "auto" (dropping items) is not served
     include: Annotated[list[str], Field(max_length=0)] | None = None  # no extra output data
+    background: Literal[False] | None = None  # every response runs in the foreground
     user: str | None = None  # allow-listed: accepted, echoed, ignored
     safety_identifier: str | None = None  # allow-listed: accepted, echoed, ignored
     service_tier: str | None = None  # allow-listed: accepted, ignored
