@@ -131,6 +131,7 @@ def test_stream_events_in_order_and_deltas_make_the_text(
     streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert streamed == final.output_text == events[-4].text
     jsonschema.validate(json.loads(streamed), SCHEMA)
+    assert client.responses.retrieve(final.id).output_text == streamed  # stored as it finished
     whole = _create(client, server, input=text, text=FORMAT)
     assert whole.output_text == streamed
     with client.responses.stream(
