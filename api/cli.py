@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tier_args(serve)
     _events_args(serve)
     _server_args(serve)
+    _responses_args(serve)
     route = sub.add_parser(
         "route",
         help="run a cache-aware router in front of several replicas",
@@ -311,6 +312,28 @@ def _route_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _responses_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("/v1/responses store (store=true, previous_response_id)")
+    g.add_argument(
+        "--responses-store",
+        type=Path,
+        default=None,
+        help="SQLite file of stored responses; omitted: <cache folder>/responses.sqlite",
+    )
+    g.add_argument(
+        "--responses-ttl",
+        type=float,
+        default=API.responses_ttl_s,
+        help="seconds a stored response is kept (OpenAI's: 30 days)",
+    )
+    g.add_argument(
+        "--responses-max",
+        type=int,
+        default=API.responses_max,
+        help="stored responses kept at most (the oldest dropped first)",
+    )
+
+
 def _server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("HTTP server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind")
@@ -437,6 +460,9 @@ def api_config(args: argparse.Namespace) -> Any:
         metrics_names=args.metrics_names,
         tool_call_parser=args.tool_call_parser,
         drain_timeout_s=args.drain_timeout,
+        responses_store_path=args.responses_store or default_cache_dir() / "responses.sqlite",
+        responses_ttl_s=args.responses_ttl,
+        responses_max=args.responses_max,
     )
 
 

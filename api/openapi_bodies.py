@@ -12,11 +12,13 @@ from pydantic import BaseModel
 
 from api.cache.routes import FlushRequest
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, LookupRequest, PinRequest
+from api.openai.responses.protocol import ResponsesRequest
 from api.openai.tokenize_routes import DetokenizeRequest, TokenizeRequest
 
 BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("/v1/completions", "post"): CompletionRequest,
     ("/v1/chat/completions", "post"): ChatCompletionRequest,
+    ("/v1/responses", "post"): ResponsesRequest,
     ("/v1/cache/lookup", "post"): LookupRequest,
     ("/v1/cache/pin", "post"): PinRequest,
     ("/v1/cache/unpin", "post"): PinRequest,

@@ -36,13 +36,15 @@ def _cheap(case: schemathesis.Case, model: str) -> None:
     body = case.body
     if not isinstance(body, dict):
         return
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if isinstance(body.get(key), int) and body[key] > MAX_TOKENS:
             body[key] = MAX_TOKENS
     if case.path in GENERATION_PATHS:
         body.setdefault("max_tokens", MAX_TOKENS)
     named = zlib.crc32(json.dumps(body, sort_keys=True, default=str).encode()) % 2
-    if ("messages" in body or "prompt" in body) and named:
+    if case.path == "/v1/responses":
+        body.setdefault("max_output_tokens", MAX_TOKENS)
+    if ("messages" in body or "prompt" in body or "input" in body) and named:
         body["model"] = model
     if isinstance(body.get("n"), int):
         body["n"] = min(body["n"], 2)
