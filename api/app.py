@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from api.anthropic import routes as anthropic_routes
 from api.body_limit import BodyLimitMiddleware
 from api.cache import routes as cache_routes
 from api.chat_template import ChatTemplates
@@ -27,6 +28,7 @@ from api.observability.stats_history import StatsHistory
 from api.openai import routes as openai_routes
 from api.openai import tokenize_routes
 from api.openapi_bodies import install_request_schemas
+from api.serving.pin_leases import PinLeases, sweep_forever
 from api.state import ServerState, state_of
 from engine.config import EngineConfig
 
@@ -66,6 +68,7 @@ def create_app(
         engine = await asyncio.to_thread(_start_engine, engine_config, api_config)
         model_name = api_config.served_model_name or engine.model_name
         metrics = ApiMetrics(api_config.metrics_names, model_name)
+        leases = PinLeases(engine.admin)
         state = ServerState(
             engine=engine,
             config=api_config,
@@ -74,6 +77,7 @@ def create_app(
             flops_per_token=2.0 * engine.num_parameters,
             templates=ChatTemplates.from_folder(Path(engine_config.model)),
             prompt_cache_keys=PromptCacheKeys(api_config.tracked_prompt_cache_keys),
+            pin_leases=leases,
         )
         metrics.watch_engine(state.counters, state.tokens_per_s)
         metrics.watch_prompt_cache_keys(state.prompt_cache_keys)
@@ -83,15 +87,18 @@ def create_app(
         await asyncio.to_thread(state.sample)
         app.state.server = state
         sampler = asyncio.create_task(_sample_forever(state))
+        sweeper = asyncio.create_task(sweep_forever(leases))
         if on_ready is not None:
             on_ready(state)
         try:
             yield
         finally:
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
+            for task in (sampler, sweeper):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             app.state.server = None
+            await asyncio.to_thread(leases.release_all)  # pins never outlive the server
             await asyncio.to_thread(engine.shutdown)
 
     # /docs is served offline by api/docs.py; ReDoc (CDN only) is off
@@ -102,6 +109,7 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=api_config.max_body_bytes)
     app.include_router(openai_routes.router)
+    app.include_router(anthropic_routes.router)
     app.include_router(history_routes.router)
     app.include_router(cache_routes.router)
     app.include_router(tokenize_routes.router)

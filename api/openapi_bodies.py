@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from api.anthropic.protocol import MessagesRequest
 from api.cache.routes import FlushRequest
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, LookupRequest, PinRequest
 from api.openai.tokenize_routes import DetokenizeRequest, TokenizeRequest
@@ -17,6 +18,7 @@ from api.openai.tokenize_routes import DetokenizeRequest, TokenizeRequest
 BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("/v1/completions", "post"): CompletionRequest,
     ("/v1/chat/completions", "post"): ChatCompletionRequest,
+    ("/v1/messages", "post"): MessagesRequest,
     ("/v1/cache/lookup", "post"): LookupRequest,
     ("/v1/cache/pin", "post"): PinRequest,
     ("/v1/cache/unpin", "post"): PinRequest,
