@@ -42,8 +42,9 @@ def client(server: Server) -> anthropic.Anthropic:
 
 @pytest.fixture(scope="module")
 def tool_server(tiny_llama: Path) -> Iterator[Server]:
-    """The tiny model with room for the hermes tool prompt (over 700 tokens)."""
-    handle = start_server(engine_config(tiny_llama, max_model_len=1536), ApiConfig(max_queue=64))
+    """The tiny model with room for the hermes tool prompt (over 700 tokens); one request in
+    flight at most (its tests run one at a time; the 429 test fills it)."""
+    handle = start_server(engine_config(tiny_llama, max_model_len=1024), ApiConfig(max_queue=1))
     yield handle
     handle.stop()
 
@@ -477,3 +478,14 @@ def test_refusals_in_anthropics_shape(server: Server, http: httpx.Client) -> Non
     r = http.post("/v1/messages", content=b"{not json")
     assert r.status_code == 400 and r.json()["type"] == "error"
     assert "context length" in _refused(http, _body(server, max_tokens=10**6))
+
+
+def test_queue_full_is_a_rate_limit_error(tool_server: Server) -> None:
+    long = {"model": tool_server.model, "prompt": "x", "max_tokens": 1000, "ignore_eos": True}
+    with httpx.Client(base_url=tool_server.url, timeout=60.0, headers=HEADERS) as c:
+        with c.stream("POST", "/v1/completions", json={**long, "stream": True}) as busy:
+            assert busy.status_code == 200, busy.read()
+            r = c.post("/v1/messages", json=_body(tool_server))
+        assert r.status_code == 429
+        error = r.json()
+        assert error["type"] == "error" and error["error"]["type"] == "rate_limit_error"
