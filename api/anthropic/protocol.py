@@ -62,13 +62,21 @@ class ToolUseBlock(_Closed):
     toolset_name: None = None  # null only: no toolsets are served
 
 
+class ResultText(_Closed):
+    """A text block inside a tool_result (no breakpoint inside a result: mark the result)."""
+
+    type: Literal["text"]
+    text: str
+    citations: None = None
+
+
 class ToolResultBlock(_Closed):
     """A call's result, in a user message. `is_error`: the text the model reads is marked as an
     error ("Error: ..."), the one way a chat template can tell it."""
 
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
-    content: list[TextBlock] | str = ""  # a list first: its errors name the field at fault
+    content: list[ResultText] | str = ""  # a list first: its errors name the field at fault
     is_error: bool = False
     cache_control: CacheControl | None = None
 
@@ -84,7 +92,7 @@ ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discr
 
 class Message(_Closed):
     role: Literal["user", "assistant"]
-    content: list[ContentBlock] | str
+    content: Annotated[list[ContentBlock], Field(min_length=1)] | str
 
     def blocks(self) -> list[TextBlock | ToolUseBlock | ToolResultBlock]:
         if isinstance(self.content, str):

@@ -18,6 +18,7 @@ import pytest
 
 from api.config import ApiConfig
 from api.serving.pin_leases import PinLeases
+from radixcache.shared.chat_template import ChatPrompt
 from tests.api.servers import ADMIN_KEY, BLOCK_SIZE, Server, engine_config, fresh_text, start_server
 
 HEADERS = {"anthropic-version": "2023-06-01"}
@@ -226,8 +227,40 @@ def test_tool_use_loop(tool_client: anthropic.Anthropic, tool_server: Server) ->
     )
     assert second.stop_reason in ("end_turn", "max_tokens")
     assert all(b.type == "text" for b in second.content)
-    # the answer read the whole loop: the call and its result are in the prompt
-    assert _usage_total(second.usage) > _usage_total(first.usage) + len("Shipped, arrives Monday.")
+
+    # the answer read the whole loop, as the template renders it in OpenAI's terms
+    def rendered(result_text: str) -> int:
+        made = {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.input},
+        }
+        tool = {
+            "type": "function",
+            "function": {
+                "name": "lookup_order",
+                "description": "Where an order is",
+                "parameters": ORDER_TOOL["input_schema"],
+            },
+        }
+        messages = [
+            *ask,
+            {"role": "assistant", "content": None, "tool_calls": [made]},
+            {
+                "role": "tool",
+                "content": result_text,
+                "tool_call_id": call.id,
+                "name": "lookup_order",
+            },
+        ]
+        text = tool_server.state.templates.render(ChatPrompt(messages, [tool]))
+        return len(_ids(tool_server, text))
+
+    assert _usage_total(second.usage) == rendered("Shipped, arrives Monday.")
+    failed = {**result, "is_error": True}
+    turn[-1] = {"role": "user", "content": [failed]}
+    third = _create(tool_client, tool_server, max_tokens=2, tools=[ORDER_TOOL], messages=turn)
+    assert _usage_total(third.usage) == rendered("Error: Shipped, arrives Monday.")
 
 
 def test_any_and_disable_parallel_force_one_call(
@@ -475,6 +508,11 @@ def test_refusals_in_anthropics_shape(server: Server, http: httpx.Client) -> Non
     assert "tool_choice" in _refused(
         http, _body(server, tools=[ORDER_TOOL], tool_choice={"type": "tool", "name": "other"})
     )
+    nested = {"type": "tool_result", "tool_use_id": "toolu_1", "content": [marked]}
+    assert "'messages.0.content.0.tool_result.content.0.cache_control'" in _refused(
+        http, _body(server, messages=[{"role": "user", "content": [nested]}])
+    )
+    assert "content" in _refused(http, _body(server, messages=[{"role": "user", "content": []}]))
     r = http.post("/v1/messages", content=b"{not json")
     assert r.status_code == 400 and r.json()["type"] == "error"
     assert "context length" in _refused(http, _body(server, max_tokens=10**6))
