@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from api.anthropic import routes as anthropic_routes
+from api.anthropic.errors import error_body as anthropic_error_body
 from api.body_limit import BodyLimitMiddleware
 from api.cache import routes as cache_routes
 from api.chat_template import ChatTemplates
@@ -107,7 +108,11 @@ def create_app(
     )
     app.state.server = None
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=api_config.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=api_config.max_body_bytes,
+        shapes={"/v1/messages": anthropic_error_body},
+    )
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
     app.include_router(history_routes.router)

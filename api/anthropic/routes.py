@@ -23,6 +23,7 @@ from api.anthropic.events import message_events
 from api.anthropic.prompt import conversation, openai_tool, openai_tool_choice
 from api.anthropic.protocol import MessagesRequest
 from api.auth import identify
+from api.body_limit import BodyTooLarge
 from api.errors import ApiError, parse_body
 from api.openai.tool_plan import ToolPlan, tool_format, tool_plan
 from api.serving.input_checks import check_model
@@ -53,6 +54,8 @@ class Prepared:
 async def create_message(request: Request) -> Response:
     try:
         return await _create(request)
+    except BodyTooLarge:  # the body limit's own 413 (api/body_limit.py)
+        raise
     except Exception as exc:
         err = as_error(exc)
         if err.status >= 500:

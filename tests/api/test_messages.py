@@ -527,3 +527,21 @@ def test_queue_full_is_a_rate_limit_error(tool_server: Server) -> None:
         assert r.status_code == 429
         error = r.json()
         assert error["type"] == "error" and error["error"]["type"] == "rate_limit_error"
+
+
+def test_oversized_body_is_request_too_large(server: Server, http: httpx.Client) -> None:
+    limit = server.state.config.max_body_bytes
+
+    def chunks() -> Iterator[bytes]:  # no content-length: caught while the route reads
+        yield b'{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "'
+        for _ in range(limit // 65536 + 2):
+            yield b"x" * 65536
+        yield b'"}]}'
+
+    declared = http.post("/v1/messages", json=_body(server, system="x" * (limit + 1)))
+    streamed = http.post(
+        "/v1/messages", content=chunks(), headers={"content-type": "application/json"}
+    )
+    for r in (declared, streamed):
+        assert r.status_code == 413
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "request_too_large"
