@@ -34,8 +34,8 @@ def error_event(exc: Exception) -> str:
 @dataclass
 class BlockStream:
     """One sample's deltas -> content block events, the blocks opened and closed in order: text
-    (opened once it holds more than whitespace), then a tool_use block per call (its input
-    streamed as the call's argument fragments)."""
+    (with tools, opened once it holds more than whitespace), then a tool_use block per call (its
+    input streamed as the call's argument fragments)."""
 
     plan: ToolPlan | None
     index: int = -1  # of the open (or last) block
@@ -80,7 +80,7 @@ class BlockStream:
         out: list[str] = []
         if self.kind != "text":
             text, self._pending = self._pending + text, ""
-            if not text.strip():
+            if not text.strip() and self._split is not None:  # as whole answers drop it
                 self._pending = text
                 return []
             out = self._open("text", {"type": "text", "text": ""})
