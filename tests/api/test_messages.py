@@ -545,3 +545,24 @@ def test_oversized_body_is_request_too_large(server: Server, http: httpx.Client)
     for r in (declared, streamed):
         assert r.status_code == 413
         assert r.json()["type"] == "error" and r.json()["error"]["type"] == "request_too_large"
+
+
+def test_breakpoint_on_a_tool_covers_the_tools_block(
+    tool_client: anthropic.Anthropic, tool_server: Server
+) -> None:
+    """The hermes template writes the tools into its system message: a breakpoint on the last
+    tool marks that whole message, which a request with other messages shares."""
+    marked = {**ORDER_TOOL, "cache_control": {"type": "ephemeral"}}
+    kw = dict(max_tokens=2, tools=[marked], tool_choice={"type": "none"})
+    first = _create(tool_client, tool_server, messages=[{"role": "user", "content": "one"}], **kw)
+    (held,) = tool_server.state.pin_leases.leases("")  # this server's one breakpoint
+    b, read = len(held), first.usage.cache_read_input_tokens
+    text = tool_server.engine.tokenizer.decode(list(held), skip_special_tokens=False)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("</tool_call><|im_end|>\n")
+    assert "lookup_order" in text and "user" not in text[-30:]
+    assert first.usage.cache_creation_input_tokens == max(b - read, 0)
+    second = _create(tool_client, tool_server, messages=[{"role": "user", "content": "two"}], **kw)
+    assert second.usage.cache_read_input_tokens >= b // BLOCK_SIZE * BLOCK_SIZE
+    assert second.usage.cache_creation_input_tokens == max(
+        b - second.usage.cache_read_input_tokens, 0
+    )
