@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.anthropic.prompt import Conversation, conversation
-from api.anthropic.protocol import MAX_BREAKPOINTS, CacheControl, Message, MessagesRequest
+from api.anthropic.protocol import MAX_BREAKPOINTS, CacheControl, CountTokensRequest, Message
 from api.chat_template import ChatTemplates, TemplateError
 from api.errors import ApiError
 from api.serving.request_builder import chat_prompt_ids
@@ -41,7 +41,7 @@ class Breakpoint:
     ttl: str  # "5m" | "1h"
 
 
-def marks(req: MessagesRequest) -> list[Mark]:
+def marks(req: CountTokensRequest) -> list[Mark]:
     """The request's breakpoints in prefix order; 400 for more than 4 or a 1h after a 5m."""
     conv = conversation(req)
     tools, system, messages = conv.tools, conv.system, conv.messages

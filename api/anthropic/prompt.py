@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.anthropic.protocol import (
+    CountTokensRequest,
     Message,
-    MessagesRequest,
     TextBlock,
     ToolChoiceAny,
     ToolChoiceAuto,
@@ -48,9 +48,8 @@ class Conversation:
 
     def chat_prompt(self) -> ChatPrompt:
         tools = [openai_tool(t).model_dump(exclude_none=True) for t in self.tools] or None
-        messages = [{"role": "system", "content": JOIN.join(b.text for b in self.system)}]
-        if not self.system:
-            messages = []
+        system = JOIN.join(b.text for b in self.system)
+        messages = [{"role": "system", "content": system}] if self.system else []
         names = {
             b.id: b.name for m in self.messages for b in m.blocks() if isinstance(b, ToolUseBlock)
         }
@@ -79,7 +78,7 @@ class Conversation:
         return text or None
 
 
-def conversation(req: MessagesRequest) -> Conversation:
+def conversation(req: CountTokensRequest) -> Conversation:
     return Conversation(list(req.tools or ()), req.system_blocks(), list(req.messages))
 
 
@@ -128,7 +127,7 @@ def openai_tool(t: ToolDefinition) -> Tool:
     return Tool(type="function", function=fn)
 
 
-def openai_tool_choice(req: MessagesRequest) -> tuple[ToolChoice | None, bool]:
+def openai_tool_choice(req: CountTokensRequest) -> tuple[ToolChoice | None, bool]:
     """tool_choice -> (OpenAI's choice, parallel calls allowed): auto -> "auto", any ->
     "required", tool -> the named function, none -> "none"; disable_parallel_tool_use -> one
     call at most."""

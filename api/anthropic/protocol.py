@@ -7,7 +7,8 @@ input_schema), tool_choice (auto, any, tool, none; disable_parallel_tool_use), s
 temperature, top_p, top_k, stream, and cache_control (on blocks, tools, or top-level). Accepted
 and ignored (bookkeeping, as the OpenAI routes allow-list theirs): metadata.user_id and
 service_tier (one server has one tier). Everything else (thinking, images, documents, citations,
-server tools, container, mcp_servers, output_config, ...) is refused.
+server tools, container, mcp_servers, output_config, ...) is refused. /v1/messages/count_tokens
+takes the conversation's fields only (model, messages, system, tools, tool_choice, cache_control).
 """
 
 from __future__ import annotations
@@ -144,21 +145,15 @@ class Metadata(_Closed):
     user_id: str | None = None  # allow-listed: accepted, ignored
 
 
-class MessagesRequest(_Closed):
+class CountTokensRequest(_Closed):
+    """/v1/messages/count_tokens: the conversation whose prompt is counted."""
+
     model: str = Field(min_length=1)
-    max_tokens: Int = Field(ge=1)  # required, as Anthropic
     messages: Annotated[list[Message], Field(min_length=1)]
     system: list[TextBlock] | str | None = None
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = None
     tool_choice: ToolChoice | None = None
-    stop_sequences: Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
-    temperature: float = Field(1.0, ge=0.0, le=1.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: Int = Field(0, ge=0)  # 0: off
-    stream: bool = False
     cache_control: CacheControl | None = None  # on the request's last block
-    metadata: Metadata | None = None  # allow-listed: accepted, ignored
-    service_tier: Literal["auto", "standard_only"] | None = None  # allow-listed: ignored
 
     def system_blocks(self) -> list[TextBlock]:
         if self.system is None:
@@ -166,6 +161,21 @@ class MessagesRequest(_Closed):
         if isinstance(self.system, str):
             return [TextBlock(type="text", text=self.system)] if self.system else []
         return list(self.system)
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: Int = Field(ge=1)  # required, as Anthropic
+    stop_sequences: Annotated[list[str], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    temperature: float = Field(1.0, ge=0.0, le=1.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: Int = Field(0, ge=0)  # 0: off
+    stream: bool = False
+    metadata: Metadata | None = None  # allow-listed: accepted, ignored
+    service_tier: Literal["auto", "standard_only"] | None = None  # allow-listed: ignored
+
+
+class TokenCount(BaseModel):
+    input_tokens: int
 
 
 # ---------------------------------------------------------------- responses

@@ -1,4 +1,4 @@
-"""POST /v1/messages: Anthropic's Messages API. The request is parsed (closed models), its
+"""POST /v1/messages: Anthropic's Messages API (and /v1/messages/count_tokens). The request is parsed (closed models), its
 conversation rendered and tokenized once with its cache_control breakpoints located
 (breakpoints.py), mapped onto a GenerationSpec (token ids, sampling, forced tool calls), built and
 admitted by the one builder, and answered whole (content.py) or streamed (events.py). Once the
@@ -10,19 +10,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import date
+from typing import TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from api.anthropic.breakpoints import Breakpoint, locate, marks, prompt_ids
 from api.anthropic.content import Reply
 from api.anthropic.errors import as_error, error_response
 from api.anthropic.events import message_events
 from api.anthropic.prompt import conversation, openai_tool, openai_tool_choice
-from api.anthropic.protocol import MessagesRequest
-from api.auth import identify
+from api.anthropic.protocol import CountTokensRequest, MessagesRequest, TokenCount
+from api.auth import Caller, identify
 from api.body_limit import BodyTooLarge
 from api.errors import ApiError, parse_body
 from api.openai.tool_plan import ToolPlan, tool_format, tool_plan
@@ -35,6 +37,7 @@ from engine.outputs import RequestResult
 
 log = logging.getLogger("radixcache.api")
 router = APIRouter()
+R = TypeVar("R", CountTokensRequest, MessagesRequest)
 
 FIRST_VERSION = "2023-01-01"  # anthropic-version: a date, the first one Anthropic dated
 # betas whose features are served without the header (now part of the API)
@@ -52,8 +55,18 @@ class Prepared:
 
 @router.post("/v1/messages")
 async def create_message(request: Request) -> Response:
+    return await _answer(_create(request))
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request) -> Response:
+    return await _answer(_count(request))
+
+
+async def _answer(work: Awaitable[Response]) -> Response:
+    """The route's response, or its failure in Anthropic's shape."""
     try:
-        return await _create(request)
+        return await work
     except BodyTooLarge:  # the body limit's own 413 (api/body_limit.py)
         raise
     except Exception as exc:
@@ -85,12 +98,24 @@ def _is_date(text: str) -> bool:
         return False
 
 
-async def _create(request: Request) -> Response:
+async def _parse(request: Request, model: type[R]) -> tuple[ServerState, Caller, R]:
     state = state_of(request)
     caller = identify(state.config, request)
     check_headers(request)
-    req = parse_body(await request.body(), MessagesRequest)
+    req = parse_body(await request.body(), model)
     check_model(req.model, state.served_names)
+    return state, caller, req
+
+
+async def _count(request: Request) -> Response:
+    """The prompt's tokens as the request would render them (tools, system and messages)."""
+    state, _, req = await _parse(request, CountTokensRequest)
+    prepared = await asyncio.to_thread(prepare, state, req)
+    return JSONResponse(TokenCount(input_tokens=len(prepared.token_ids)).model_dump())
+
+
+async def _create(request: Request) -> Response:
+    state, caller, req = await _parse(request, MessagesRequest)
     prepared = await asyncio.to_thread(prepare, state, req)
     spec = generation_spec(req, prepared)
     running = await start_request(state, spec, caller)
@@ -114,7 +139,7 @@ async def _create(request: Request) -> Response:
     return await respond(request, state, running, events, build, settle=settle)
 
 
-def prepare(state: ServerState, req: MessagesRequest) -> Prepared:
+def prepare(state: ServerState, req: CountTokensRequest) -> Prepared:
     """Blocking (render, tokenize): run it off the event loop."""
     tokenizer, templates = state.engine.tokenizer, state.templates
     conv = conversation(req)

@@ -112,6 +112,22 @@ def test_system_string_and_blocks_render_the_same_prompt(
     assert _text(as_string) == _text(as_blocks)
 
 
+def test_count_tokens_counts_the_prompt(
+    tool_client: anthropic.Anthropic, tool_server: Server
+) -> None:
+    kw: dict[str, Any] = dict(
+        system="Be brief.", tools=[ORDER_TOOL], messages=[{"role": "user", "content": "Hi"}]
+    )
+    counted = tool_client.messages.count_tokens(model=tool_server.model, **kw)
+    ran = _create(tool_client, tool_server, max_tokens=1, tool_choice={"type": "none"}, **kw)
+    assert counted.input_tokens == _usage_total(ran.usage) > 600  # the tools are in the prompt
+    with pytest.raises(anthropic.BadRequestError) as err:
+        tool_client.messages.count_tokens(
+            model=tool_server.model, **kw, extra_body={"max_tokens": 4}
+        )
+    assert "'max_tokens'" in err.value.body["error"]["message"]
+
+
 def test_stream_events_in_order_and_deltas_make_the_message(
     client: anthropic.Anthropic, server: Server
 ) -> None:
