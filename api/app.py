@@ -107,12 +107,9 @@ def create_app(
         title="radixcache", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None
     )
     app.state.server = None
-    install_error_handlers(app)
-    app.add_middleware(
-        BodyLimitMiddleware,
-        max_bytes=api_config.max_body_bytes,
-        shapes={"/v1/messages": anthropic_error_body},
-    )
+    shapes = {"/v1/messages": anthropic_error_body}  # Anthropic's routes answer in its shape
+    install_error_handlers(app, shapes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=api_config.max_body_bytes, shapes=shapes)
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
     app.include_router(history_routes.router)

@@ -4,13 +4,11 @@ in the error shape of the route's protocol (OpenAI's unless `shapes` names the p
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import error_json
-
-ErrorShape = Callable[[int, str], dict]  # (status, message) -> the JSON error body
+from api.errors import ErrorShape, error_json
 
 
 class BodyTooLarge(Exception):

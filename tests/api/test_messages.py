@@ -582,3 +582,10 @@ def test_breakpoint_on_a_tool_covers_the_tools_block(
     assert second.usage.cache_creation_input_tokens == max(
         b - second.usage.cache_read_input_tokens, 0
     )
+
+
+def test_unknown_paths_and_methods_under_messages_in_anthropics_shape(http: httpx.Client) -> None:
+    for r, status in ((http.get("/v1/messages"), 405), (http.post("/v1/messages/batches"), 404)):
+        assert r.status_code == status
+        assert r.json()["type"] == "error" and r.json()["error"]["message"]
+    assert set(http.get("/v1/nothing").json()) == {"error"}  # elsewhere: OpenAI's shape
