@@ -7,6 +7,7 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 
 from api.errors import ApiError
+from api.serving.engine_errors import as_api_error
 
 _TYPES = {
     400: "invalid_request_error",
@@ -30,9 +31,11 @@ def error_body(status: int, message: str) -> dict:
 
 
 def as_error(exc: Exception) -> ApiError:
-    """Any failure as an ApiError (an unexpected one is a 500 naming its kind)."""
-    if isinstance(exc, ApiError):
-        return exc
+    """Any failure as an ApiError: the engine's as api/serving maps them (overloaded: 429, dead:
+    503, ...), an unexpected one a 500 naming its kind."""
+    err = as_api_error(exc)
+    if isinstance(err, ApiError):
+        return err
     return ApiError(500, f"Internal error: {type(exc).__name__}: {exc}")
 
 

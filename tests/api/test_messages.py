@@ -589,3 +589,32 @@ def test_unknown_paths_and_methods_under_messages_in_anthropics_shape(http: http
         assert r.status_code == status
         assert r.json()["type"] == "error" and r.json()["error"]["message"]
     assert set(http.get("/v1/nothing").json()) == {"error"}  # elsewhere: OpenAI's shape
+
+
+def test_an_engine_failure_after_the_answer_started_ends_the_stream_with_an_error(
+    server: Server, http: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine dies while the breakpoint is pinned (fault injected at the engine's admin
+    call): a stream ends with `event: error`, a whole answer is the error."""
+    from engine.async_engine import EngineDead
+
+    def dead(op: Any) -> Any:
+        raise EngineDead("the engine thread stopped")
+
+    monkeypatch.setattr(server.state.pin_leases, "_run", dead)
+    marked = {
+        "type": "text",
+        "text": fresh_text(40, seed=42),
+        "cache_control": {"type": "ephemeral"},
+    }
+    body = _body(server, system=[marked], stream=True)
+    with http.stream("POST", "/v1/messages", json=body) as r:
+        assert r.status_code == 200
+        kinds = [line[len("event: ") :] for line in r.iter_lines() if line.startswith("event: ")]
+    assert kinds[0] == "message_start" and kinds[-1] == "error" and "message_stop" not in kinds
+    whole = http.post("/v1/messages", json={**body, "stream": False})
+    assert whole.status_code == 503
+    assert whole.json()["error"] == {
+        "type": "overloaded_error",
+        "message": "The engine is unavailable: the engine thread stopped",
+    }
