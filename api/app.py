@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from api.anthropic import routes as anthropic_routes
+from api.anthropic.errors import error_body as anthropic_error_body
 from api.body_limit import BodyLimitMiddleware
 from api.cache import routes as cache_routes
 from api.chat_template import ChatTemplates
@@ -31,6 +33,7 @@ from api.openai import tokenize_routes
 from api.openai.responses import routes as responses_routes
 from api.openai.responses.open_store import open_store
 from api.openapi_bodies import install_request_schemas
+from api.serving.pin_leases import PinLeases, sweep_forever
 from api.state import ServerState, state_of
 from engine.config import EngineConfig
 
@@ -71,6 +74,7 @@ def create_app(
         responses = await asyncio.to_thread(open_store, api_config)
         model_name = api_config.served_model_name or engine.model_name
         metrics = ApiMetrics(api_config.metrics_names, model_name)
+        leases = PinLeases(engine.admin)
         state = ServerState(
             engine=engine,
             config=api_config,
@@ -80,6 +84,7 @@ def create_app(
             templates=ChatTemplates.from_folder(Path(engine_config.model)),
             prompt_cache_keys=PromptCacheKeys(api_config.tracked_prompt_cache_keys),
             responses=responses,
+            pin_leases=leases,
         )
         metrics.watch_engine(state.counters, state.tokens_per_s)
         metrics.watch_prompt_cache_keys(state.prompt_cache_keys)
@@ -89,15 +94,18 @@ def create_app(
         await asyncio.to_thread(state.sample)
         app.state.server = state
         sampler = asyncio.create_task(_sample_forever(state))
+        sweeper = asyncio.create_task(sweep_forever(leases))
         if on_ready is not None:
             on_ready(state)
         try:
             yield
         finally:
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
+            for task in (sampler, sweeper):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             app.state.server = None
+            await asyncio.to_thread(leases.release_all)  # pins never outlive the server
             await asyncio.to_thread(engine.shutdown)
             await asyncio.to_thread(responses.close)
 
@@ -108,12 +116,14 @@ def create_app(
     app.state.server = None
     app.state.api_config = api_config
     app.state.drain = Drain(api_config.drain_timeout_s)
-    install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=api_config.max_body_bytes)
-    app.add_middleware(DrainMiddleware, drain=app.state.drain)  # outermost: refuses first
+    shapes = {"/v1/messages": anthropic_error_body}  # Anthropic's routes answer in its shape
+    install_error_handlers(app, shapes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=api_config.max_body_bytes, shapes=shapes)
+    app.add_middleware(DrainMiddleware, drain=app.state.drain, shapes=shapes)  # refuses first
     app.include_router(openai_routes.router)
     app.include_router(lifecycle_routes.router)
     app.include_router(responses_routes.router)
+    app.include_router(anthropic_routes.router)
     app.include_router(history_routes.router)
     app.include_router(cache_routes.router)
     app.include_router(tokenize_routes.router)

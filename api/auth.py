@@ -1,4 +1,5 @@
-"""Bearer API keys, the admin key, and tenant -> cache_salt isolation.
+"""API keys (`Authorization: Bearer <key>`, or Anthropic's `x-api-key: <key>`: the same keys),
+the admin key, and tenant -> cache_salt isolation.
 
 Modes:
 - no keys configured, bound to loopback: single-user local server, every caller is admin;
@@ -46,11 +47,13 @@ class Caller:
 
 
 def _bearer(request: Request) -> str | None:
+    """The key the request carries: a Bearer token, else an `x-api-key` header (Anthropic's)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    key = request.headers.get("x-api-key", "").strip()
+    return key or None
 
 
 def _find_tenant(keys: dict[str, str], token: str) -> str | None:
@@ -77,7 +80,9 @@ def identify(config: ApiConfig, request: Request) -> Caller:
         return Caller(tenant=None, is_admin=False)
     if token is None:
         raise ApiError(
-            401, "Missing API key: send 'Authorization: Bearer <key>'", code="no_api_key"
+            401,
+            "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+            code="no_api_key",
         )
     tenant = _find_tenant(config.api_keys, token)
     if tenant is None:

@@ -1,12 +1,14 @@
-"""ASGI middleware rejecting request bodies over a byte limit with 413 (checked while streaming)."""
+"""ASGI middleware rejecting request bodies over a byte limit with 413 (checked while streaming),
+in the error shape of the route's protocol (OpenAI's unless `shapes` names the path's prefix)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import error_json
+from api.errors import ErrorShape, error_json
 
 
 class BodyTooLarge(Exception):
@@ -14,9 +16,12 @@ class BodyTooLarge(Exception):
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, shapes: Mapping[str, ErrorShape] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.shapes = dict(shapes or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -24,7 +29,7 @@ class BodyLimitMiddleware:
             return
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(send)
+            await self._reject(send, scope.get("path", ""))
             return
         received = 0
         started = False
@@ -48,12 +53,12 @@ class BodyLimitMiddleware:
             await self.app(scope, limited_receive, tracking_send)
         except BodyTooLarge:
             if not started:
-                await self._reject(send)
+                await self._reject(send, scope.get("path", ""))
 
-    async def _reject(self, send: Send) -> None:
-        body = json.dumps(
-            error_json(413, f"Request body too large (limit {self.max_bytes} bytes)")
-        ).encode()
+    async def _reject(self, send: Send, path: str) -> None:
+        message = f"Request body too large (limit {self.max_bytes} bytes)"
+        shape = next((f for p, f in self.shapes.items() if path.startswith(p)), None)
+        body = json.dumps(shape(413, message) if shape else error_json(413, message)).encode()
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from fastapi import FastAPI, Request
@@ -103,7 +104,14 @@ def parse_body(raw: bytes, model: type[M]) -> M:
         raise ApiError(400, message, param=param, code="invalid_value") from exc
 
 
-def install_error_handlers(app: FastAPI) -> None:
+ErrorShape = Callable[[int, str], dict]  # (status, message) -> another protocol's error body
+
+
+def install_error_handlers(app: FastAPI, shapes: Mapping[str, ErrorShape] | None = None) -> None:
+    """`shapes`: path prefix -> the error body of the protocol served there, for what no route
+    answers (an unknown path or method under it); OpenAI's shape elsewhere."""
+    shaped = dict(shapes or {})
+
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.message, exc.param, exc.code)
@@ -114,7 +122,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(400, message, param, "invalid_value")
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        path = request.url.path
+        shape = next((f for p, f in shaped.items() if path.startswith(p)), None)
+        if shape is not None:
+            return JSONResponse(shape(exc.status_code, str(exc.detail)), exc.status_code)
         return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)

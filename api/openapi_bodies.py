@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from api.cache.routes import FlushRequest
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest, LookupRequest, PinRequest
 from api.openai.responses.protocol import ResponsesRequest
@@ -19,6 +20,8 @@ BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("/v1/completions", "post"): CompletionRequest,
     ("/v1/chat/completions", "post"): ChatCompletionRequest,
     ("/v1/responses", "post"): ResponsesRequest,
+    ("/v1/messages", "post"): MessagesRequest,
+    ("/v1/messages/count_tokens", "post"): CountTokensRequest,
     ("/v1/cache/lookup", "post"): LookupRequest,
     ("/v1/cache/pin", "post"): PinRequest,
     ("/v1/cache/unpin", "post"): PinRequest,

@@ -17,6 +17,7 @@ from api.observability.metrics import ApiMetrics
 from api.observability.prompt_cache_keys import PromptCacheKeys
 from api.observability.server_counters import ServerCounters, server_counters
 from api.observability.stats_history import StatsHistory
+from api.serving.pin_leases import PinLeases
 
 if TYPE_CHECKING:
     from api.openai.responses.store import ResponseStore
@@ -34,6 +35,7 @@ class ServerState:
     templates: ChatTemplates = field(default_factory=lambda: ChatTemplates(None))
     prompt_cache_keys: PromptCacheKeys = field(default_factory=PromptCacheKeys)
     responses: ResponseStore | None = None  # /v1/responses' stored conversations
+    pin_leases: PinLeases | None = None  # cache_control breakpoints' pins (the app sets it)
 
     @property
     def model_name(self) -> str:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import error_json
+from api.errors import ErrorShape, error_json
 
 # answered while draining and not counted as work: probes, metrics, the admin and the dashboard
 ALWAYS_ANSWERED = ("/health", "/ready", "/metrics", "/admin/", "/dashboard", "/v1/cache/stats")
@@ -71,18 +71,22 @@ def always_answered(path: str) -> bool:
 
 
 class DrainMiddleware:
-    """Counts the requests being served and refuses new ones while draining."""
+    """Counts the requests being served and refuses new ones while draining (in the error shape
+    of the route's protocol: OpenAI's unless `shapes` names the path's prefix)."""
 
-    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+    def __init__(
+        self, app: ASGIApp, drain: Drain, shapes: Mapping[str, ErrorShape] | None = None
+    ) -> None:
         self.app = app
         self.drain = drain
+        self.shapes = dict(shapes or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or always_answered(scope["path"]):
             await self.app(scope, receive, send)
             return
         if self.drain.draining:
-            await self._refuse(send)
+            await self._refuse(send, scope["path"])
             return
         self.drain.active += 1
         try:
@@ -90,9 +94,11 @@ class DrainMiddleware:
         finally:
             self.drain.active -= 1
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, send: Send, path: str) -> None:
         message = "The server is draining: retry on another replica"
-        body = json.dumps(error_json(503, message, code="draining")).encode()
+        shape = next((f for p, f in self.shapes.items() if path.startswith(p)), None)
+        error = shape(503, message) if shape else error_json(503, message, code="draining")
+        body = json.dumps(error).encode()
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

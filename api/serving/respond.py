@@ -3,7 +3,7 @@ counted in the request metrics by how it ended."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
@@ -23,8 +23,10 @@ async def respond(
     running: RunningJobs,
     events: AsyncIterator[str] | None,
     build: Callable[[list[RequestResult]], dict[str, Any]],
+    settle: Callable[[list[RequestResult]], Awaitable[None]] | None = None,
 ) -> Response:
-    """Streams `events`, or waits for every job and answers `build(results)`."""
+    """Streams `events`, or waits for every job and answers `build(results)` once `settle`
+    (what the route does with finished jobs before answering, e.g. pin) is done."""
     requests = state.metrics.requests
     if events is not None:
         return EventStream(events, lambda: requests.labels(request.url.path, "stream").inc())
@@ -33,5 +35,7 @@ async def respond(
     except ClientDisconnected:
         requests.labels(request.url.path, "disconnected").inc()
         return Response(status_code=499)
+    if settle is not None:
+        await settle(finals)
     requests.labels(request.url.path, "ok").inc()
     return JSONResponse(build(finals))
