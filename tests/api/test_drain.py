@@ -49,6 +49,15 @@ def test_admin_drain_refuses_new_work_keeps_probes_and_can_be_cancelled(drainabl
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "draining"
         assert 1 <= int(refused.headers["retry-after"]) <= 30
+        anthropic = {
+            "model": model,
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "Hi"}],
+        }
+        refused = httpx.post(url + "/v1/messages", json=anthropic, timeout=30)
+        assert refused.status_code == 503 and "retry-after" in refused.headers
+        assert refused.json()["type"] == "error"  # in the route's own protocol's shape
+        assert refused.json()["error"]["type"] == "overloaded_error"
         assert httpx.get(url + "/health").status_code == 200  # liveness is not readiness
         assert httpx.get(url + "/metrics").status_code == 200
     finally:
