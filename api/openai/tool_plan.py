@@ -110,5 +110,8 @@ def _forced(
         if not parallel:
             array["maxItems"] = 1
         return MistralParser(tools), TaggedJson("[TOOL_CALLS]", canonical_json(array), "")
-    tagged = TaggedJson("<tool_call>\n", canonical_json(schema), "\n</tool_call>", parallel, "\n")
+    # spelled as the hermes template renders a call it is given back (`tojson`)
+    tagged = TaggedJson(
+        "<tool_call>\n", canonical_json(schema), "\n</tool_call>", parallel, "\n", spaced=True
+    )
     return HermesParser(tools), tagged

@@ -42,6 +42,11 @@ JSON_OPTIONS: dict[str, Any] = {
     "item_separator": ",",
     "key_separator": ":",
 }
+SPACED_JSON_OPTIONS: dict[str, Any] = {
+    **JSON_OPTIONS,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,8 @@ def _tagged_lark(c: TaggedJson) -> str:
     schema = prepared(_load_schema(c.schema))
     if schema is False:
         schema = {"not": {}}
-    schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_OPTIONS}}
+    options = SPACED_JSON_OPTIONS if c.spaced else JSON_OPTIONS
+    schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **options}}
     call = f"{_lark_str(c.begin)} value {_lark_str(c.end)}"
     more = f"({_lark_str(c.separator)} call){{0,{MAX_TAGGED_REPEATS - 1}}}"
     start = f"call {more}" if c.repeat else "call"

@@ -55,6 +55,9 @@ class TaggedJson:
     end: str  # e.g. "\n</tool_call>"
     repeat: bool = False
     separator: str = "\n"
+    # JSON spelled as json.dumps does by default (", " and ": "), as chat templates render a call
+    # they are given back (`tojson`): the next turn's prompt then repeats the generated tokens
+    spaced: bool = False
 
 
 Constraint = JsonSchema | JsonObject | Regex | Choice | Grammar | TaggedJson
