@@ -26,6 +26,8 @@ from api.observability.prompt_cache_keys import PromptCacheKeys
 from api.observability.stats_history import StatsHistory
 from api.openai import routes as openai_routes
 from api.openai import tokenize_routes
+from api.openai.responses import routes as responses_routes
+from api.openai.responses.open_store import open_store
 from api.openapi_bodies import install_request_schemas
 from api.state import ServerState, state_of
 from engine.config import EngineConfig
@@ -64,6 +66,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = await asyncio.to_thread(_start_engine, engine_config, api_config)
+        responses = await asyncio.to_thread(open_store, api_config)
         model_name = api_config.served_model_name or engine.model_name
         metrics = ApiMetrics(api_config.metrics_names, model_name)
         state = ServerState(
@@ -74,6 +77,7 @@ def create_app(
             flops_per_token=2.0 * engine.num_parameters,
             templates=ChatTemplates.from_folder(Path(engine_config.model)),
             prompt_cache_keys=PromptCacheKeys(api_config.tracked_prompt_cache_keys),
+            responses=responses,
         )
         metrics.watch_engine(state.counters, state.tokens_per_s)
         metrics.watch_prompt_cache_keys(state.prompt_cache_keys)
@@ -93,6 +97,7 @@ def create_app(
                 await sampler
             app.state.server = None
             await asyncio.to_thread(engine.shutdown)
+            await asyncio.to_thread(responses.close)
 
     # /docs is served offline by api/docs.py; ReDoc (CDN only) is off
     app = FastAPI(
@@ -102,6 +107,7 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=api_config.max_body_bytes)
     app.include_router(openai_routes.router)
+    app.include_router(responses_routes.router)
     app.include_router(history_routes.router)
     app.include_router(cache_routes.router)
     app.include_router(tokenize_routes.router)

@@ -6,7 +6,9 @@ import hashlib
 import ipaddress
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
+RESPONSES_TTL_S = 30 * 24 * 3600.0  # OpenAI keeps a stored response 30 days
 METRIC_NAMES = ("radixcache", "vllm")  # /metrics names: ours, or vLLM's for what it also reports
 
 
@@ -43,6 +45,11 @@ class ApiConfig:
     # with no key configured, a caller is admin only while this holds: the server is bound to
     # loopback, or --open-admin said so (on a network address anyone could read every prompt)
     open_admin: bool = True
+    # /v1/responses' store (store=true, previous_response_id): SQLite at this path (None: in
+    # memory); bounded by count, each record kept ttl seconds
+    responses_store_path: Path | None = None
+    responses_ttl_s: float = RESPONSES_TTL_S
+    responses_max: int = 100_000
 
     @property
     def auth_enabled(self) -> bool:

@@ -1,5 +1,5 @@
-"""Per-app server state: the engine handle, metrics, the history of the sampled counters and the
-counts per prompt_cache_key."""
+"""Per-app server state: the engine handle, metrics, the history of the sampled counters, the
+counts per prompt_cache_key and the Responses store."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from api.observability.server_counters import ServerCounters, server_counters
 from api.observability.stats_history import StatsHistory
 
 if TYPE_CHECKING:
+    from api.openai.responses.store import ResponseStore
     from engine.async_engine import AsyncEngine
 
 
@@ -32,6 +33,7 @@ class ServerState:
     flops_per_token: float = 0.0  # ~2 x parameters: compute a cached prompt token saves
     templates: ChatTemplates = field(default_factory=lambda: ChatTemplates(None))
     prompt_cache_keys: PromptCacheKeys = field(default_factory=PromptCacheKeys)
+    responses: ResponseStore | None = None  # /v1/responses' stored conversations
 
     @property
     def model_name(self) -> str:

@@ -36,6 +36,15 @@ def auth_server(tiny_llama: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
+def long_server(tiny_llama: Path) -> Iterator[Server]:
+    """The tiny model with its whole 1024-token window: room for the tools block that the
+    hermes template renders (about 450 byte tokens) and a few turns."""
+    handle = start_server(engine_config(tiny_llama, max_model_len=1024), ApiConfig(max_queue=64))
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="session")
 def default_server(default_model_path: Path) -> Iterator[Server]:
     """The built-in default model (its ChatML template matters: tools, structured outputs), in
     deterministic mode so a streamed answer and a whole one are the same tokens."""
