@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from api.config import ApiConfig
 from api.openai.responses.store import StoredResponse
-from api.openai.responses.store_factory import ResponseStoreConfig, response_store_for
+from api.openai.responses.store_factory import response_store_for
 from api.openai.responses.store_redis import (
     KEY_PREFIX,
     RedisResponseStore,
     ResponseStoreUnavailable,
 )
+from api.openai.responses.store_sqlite import SqliteResponseStore
 from tests.redis_cluster import running_cluster
 from tests.redis_server import RedisServer
 
@@ -97,8 +99,9 @@ def test_a_down_server_is_an_error_not_a_crash_and_it_recovers(
     try:
         store.put(record(1))
         redis_server.kill()
-        with pytest.raises(ResponseStoreUnavailable, match="response store"):
+        with pytest.raises(ResponseStoreUnavailable, match="response store") as err:
             store.get("resp_1")
+        assert err.value.status == 503  # an ApiError: the route answers a 503
         with pytest.raises(ResponseStoreUnavailable):
             store.put(record(2))
         with pytest.raises(ResponseStoreUnavailable):
@@ -124,7 +127,8 @@ def test_a_password_in_the_url_is_not_in_the_error(tmp_path: Path) -> None:
 
 def test_a_cluster_keeps_the_store_in_one_slot(tmp_path: Path) -> None:
     with running_cluster(tmp_path) as cluster:
-        store = response_store_for(ResponseStoreConfig(tmp_path / "unused.db", cluster.url, 2, 60))
+        config = ApiConfig(responses_max=2, responses_ttl_s=60)
+        store = response_store_for(config, cluster.url)
         try:
             assert isinstance(store, RedisResponseStore)
             for n in range(3):
@@ -138,16 +142,11 @@ def test_a_cluster_keeps_the_store_in_one_slot(tmp_path: Path) -> None:
             store.close()
 
 
-def test_the_factory_without_a_url_asks_for_sqlite(tmp_path: Path) -> None:
-    config = ResponseStoreConfig(tmp_path / "responses.db", None, 5, 60)
-    try:
-        from api.openai.responses.store_sqlite import SqliteResponseStore
-    except ImportError:
-        with pytest.raises(ImportError, match="store_sqlite"):
-            response_store_for(config)
-        return
-    store = response_store_for(config)
+def test_without_a_url_the_factory_opens_the_sqlite_store(tmp_path: Path) -> None:
+    store = response_store_for(ApiConfig(responses_store_path=tmp_path / "r.db"), None)
     try:
         assert isinstance(store, SqliteResponseStore)
+        store.put(record(1))
+        assert store.get("resp_1") == record(1) and (tmp_path / "r.db").exists()
     finally:
         store.close()

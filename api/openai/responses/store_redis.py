@@ -8,8 +8,8 @@ tag: a cluster keeps all of the store's keys in one slot, so each call is one MU
 node; and no key of the KV tier (`radixcache:<namespace>:<hash>`) starts with a brace.
 
 The URL is the KV tier's (storage.redis_nodes: `redis://` one server, `redis+cluster://` a
-cluster). A failure (down, timeout, an error reply) raises ResponseStoreUnavailable, which the
-route answers with a 503; a MOVED reply rereads the cluster's topology and is tried once more.
+cluster). A failure (down, timeout, an error reply) raises ResponseStoreUnavailable, a 503
+ApiError; a MOVED reply rereads the cluster's topology and is tried once more.
 """
 
 from __future__ import annotations
@@ -23,14 +23,19 @@ from typing import Any
 
 from redis.exceptions import MovedError
 
+from api.errors import ApiError
 from api.openai.responses.store import StoredResponse
 from storage.redis_nodes import FAILURES, RedisNodes, open_nodes, redacted_url
 
 KEY_PREFIX = "{radixcache-responses}"
 
 
-class ResponseStoreUnavailable(RuntimeError):
-    """The store could not be reached or failed: the request gets a 503, the server goes on."""
+class ResponseStoreUnavailable(ApiError):
+    """The store could not be reached or failed: the request gets a 503 (an ApiError, so any
+    route that meets it answers one), the server goes on."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, message, code="response_store_unavailable")
 
 
 class RedisResponseStore:
