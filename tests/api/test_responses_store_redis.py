@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from api.config import ApiConfig
@@ -17,6 +18,8 @@ from api.openai.responses.store_redis import (
     ResponseStoreUnavailable,
 )
 from api.openai.responses.store_sqlite import SqliteResponseStore
+from storage.config import TierConfig
+from tests.api.servers import engine_config, start_server
 from tests.redis_cluster import running_cluster
 from tests.redis_server import RedisServer
 
@@ -150,3 +153,24 @@ def test_without_a_url_the_factory_opens_the_sqlite_store(tmp_path: Path) -> Non
         assert store.get("resp_1") == record(1) and (tmp_path / "r.db").exists()
     finally:
         store.close()
+
+
+def test_a_server_whose_redis_is_down_answers_503(
+    redis_server: RedisServer, tiny_llama: Path
+) -> None:
+    """A replica served with --redis-url keeps its responses there; with Redis gone, the
+    routes that need the store answer 503 in OpenAI's shape, and the server stays up."""
+    tiers = TierConfig(redis_url=redis_server.url, redis_timeout_s=0.2)
+    server = start_server(engine_config(tiny_llama, tiers=tiers), ApiConfig())
+    try:
+        assert isinstance(server.state.responses, RedisResponseStore)
+        body = {"model": server.model, "input": "hello", "max_output_tokens": 2}
+        made = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60)
+        assert made.status_code == 200
+        redis_server.kill()
+        got = httpx.get(f"{server.url}/v1/responses/{made.json()['id']}", timeout=60)
+        assert got.status_code == 503
+        assert got.json()["error"]["code"] == "response_store_unavailable"
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    finally:
+        server.stop()
