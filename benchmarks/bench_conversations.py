@@ -78,9 +78,9 @@ async def stream(client: httpx.AsyncClient, path: str, body: dict) -> tuple[floa
             if delta and ttft is None:
                 ttft = time.perf_counter() - t0
             text.append(delta)
-            if chunk.get("type") == "response.completed":
-                final = chunk["response"]
-            elif chunk.get("type") == "error":
+            if chunk.get("type") in ("response.completed", "response.incomplete"):
+                final = chunk["response"]  # incomplete: max_output_tokens reached
+            elif chunk.get("type") in ("error", "response.failed"):
                 raise RuntimeError(f"{path}: {chunk}")
             elif chunk.get("usage"):
                 final = chunk
