@@ -2,7 +2,8 @@
 it speaks just enough of /v1/responses, /v1/messages and chat to show where the router sent
 each request and with which headers. It keeps the responses it made (its own store: any other id
 is a 404, as a replica with a store of its own answers), and streams its `response.created`
-event in two chunks (the router must read the id across them)."""
+event in two chunks (the router must read the id across them). A body with `"die": true` gets
+one event, then the connection drops."""
 
 from __future__ import annotations
 
@@ -67,6 +68,8 @@ class ScriptedReplica:
             raw = await request.body()
             body = json.loads(raw) if raw else {}
             self.seen.append(Seen(request.method, f"/v1/{rest}", dict(request.headers), body))
+            if body.get("die"):  # one event, then the connection drops mid-stream
+                return StreamingResponse(_dying(), media_type="text/event-stream")
             if rest == "responses" and request.method == "POST":
                 return self._create(body)
             if rest.startswith("responses/"):
@@ -101,6 +104,11 @@ USAGE = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4}, "outp
 def _not_found(rid: str, param: str | None) -> JSONResponse:
     error = {"message": f"Response with id '{rid}' not found.", "type": "invalid_request_error"}
     return JSONResponse({"error": {**error, "param": param, "code": None}}, 404)
+
+
+async def _dying() -> AsyncIterator[bytes]:
+    yield b'event: ping\ndata: {"type": "ping"}\n\n'
+    raise RuntimeError("the replica dies mid-stream")
 
 
 async def _events(response: dict) -> AsyncIterator[bytes]:

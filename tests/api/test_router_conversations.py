@@ -7,6 +7,7 @@ stream scanner, the lenient reading of bodies."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -268,5 +269,25 @@ def test_no_replica_is_a_503_in_each_protocols_shape(tiny_llama: Path) -> None:
             responses = http.post("/v1/responses", json={"input": "hi"})
             assert responses.status_code == 503
             assert responses.json()["error"]["code"] == "no_replica"
+    finally:
+        handle.stop()
+
+
+def test_a_stream_cut_mid_way_ends_with_the_protocols_error_event(
+    scripted: list[ScriptedReplica], tiny_llama: Path
+) -> None:
+    handle = router_over(scripted[:1], tiny_llama)
+    try:
+        with httpx.Client(base_url=handle.url, timeout=30) as http:
+            responses = http.post("/v1/responses", json={"input": "x", "stream": True, "die": 1})
+            *_, last = responses.text.strip().split("\n\n")
+            assert last.startswith("event: error\ndata: ")
+            assert json.loads(last.split("data: ", 1)[1])["code"] == "replica_failed"
+            body = {"messages": [{"role": "user", "content": "x"}], "stream": True, "die": 1}
+            messages = http.post("/v1/messages", json=body)
+            *_, last = messages.text.strip().split("\n\n")
+            error = json.loads(last.split("data: ", 1)[1])
+            assert last.startswith("event: error\n") and error["error"]["type"] == "api_error"
+        assert handle.state.stats()["replicas"]["r0"]["failures"] == 2
     finally:
         handle.stop()
