@@ -1,8 +1,8 @@
-"""The router's /v1/messages (Anthropic's protocol): routed like a chat (its prompt_cache_key,
-then its cached prefix), forwarded with the caller's x-api-key and anthropic-version /
-anthropic-beta headers. What the router itself refuses or fails with is in Anthropic's error shape
-({"type": "error", "error": {"type", "message"}}), a failed stream ends with Anthropic's `error`
-event."""
+"""The router's /v1/messages and /v1/messages/count_tokens (Anthropic's protocol): routed like a
+chat (its prompt_cache_key, then its cached prefix), forwarded with the caller's x-api-key and
+anthropic-version / anthropic-beta headers. What the router itself refuses or fails with is in
+Anthropic's error shape ({"type": "error", "error": {"type", "message"}}); a failed stream ends
+with Anthropic's `error` event."""
 
 from __future__ import annotations
 
@@ -45,8 +45,15 @@ def install_messages_routes(app: FastAPI) -> None:
         except ApiError as exc:
             return anthropic_error(exc)
 
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        try:
+            return await _messages(request, "/v1/messages/count_tokens")
+        except ApiError as exc:
+            return anthropic_error(exc)
 
-async def _messages(request: Request) -> Response:
+
+async def _messages(request: Request, path: str = "/v1/messages") -> Response:
     state = router_state(request)
     caller = anthropic_caller(state.config.api, request)
     raw = await request.body()
@@ -54,7 +61,7 @@ async def _messages(request: Request) -> Response:
     prompt = await asyncio.to_thread(lenient_prompt_ids, state.tokenizer, messages_prompt(body))
     out = Outbound(
         "POST",
-        "/v1/messages",
+        path,
         raw,
         forward_headers(dict(request.headers)),
         affinity_key(caller, body.get("prompt_cache_key")),
