@@ -31,7 +31,7 @@ from api.observability.stats_history import StatsHistory
 from api.openai import routes as openai_routes
 from api.openai import tokenize_routes
 from api.openai.responses import routes as responses_routes
-from api.openai.responses.open_store import open_store
+from api.openai.responses.store_factory import response_store_for
 from api.openapi_bodies import install_request_schemas
 from api.serving.pin_leases import PinLeases, sweep_forever
 from api.state import ServerState, state_of
@@ -71,7 +71,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = await asyncio.to_thread(_start_engine, engine_config, api_config)
-        responses = await asyncio.to_thread(open_store, api_config)
+        redis_url = engine_config.tiers.redis_url if engine_config.tiers else None
+        responses = await asyncio.to_thread(response_store_for, api_config, redis_url)
         model_name = api_config.served_model_name or engine.model_name
         metrics = ApiMetrics(api_config.metrics_names, model_name)
         leases = PinLeases(engine.admin)

@@ -310,6 +310,12 @@ def _route_args(p: argparse.ArgumentParser) -> None:
         default=_default(RouterConfig, "block_size"),
         help="block size of replicas without events",
     )
+    g.add_argument(
+        "--shared-response-store",
+        action="store_true",
+        help="the replicas keep stored responses in one Redis (each served with the same "
+        "--redis-url): any replica may answer for a response id the router has not seen",
+    )
 
 
 def _responses_args(p: argparse.ArgumentParser) -> None:
@@ -580,6 +586,7 @@ def cmd_route(args: argparse.Namespace) -> int:
         ),
         api=acfg,
         block_size=args.block_size,
+        shared_response_store=args.shared_response_store,
     )
     print(
         f"radixcache: routing ({args.policy}) at http://{args.host}:{args.port}/v1 over "

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from api.config import ApiConfig
 from api.router.affinity import DEFAULT_MAX_KEYS
+from api.router.conversations import DEFAULT_MAX_IDS
 from api.router.policy import Balance
 from api.router.replicas import ReplicaSpec
 
@@ -21,6 +22,11 @@ class RouterConfig:
     block_size: int = 16  # for the approximate trees of replicas without events
     index_blocks: int = 1 << 20  # blocks each replica's index keeps (LRU beyond)
     affinity_keys: int = DEFAULT_MAX_KEYS  # prompt_cache_keys whose replica is kept (LRU beyond)
+    response_ids: int = DEFAULT_MAX_IDS  # stored response ids whose replica is kept (LRU beyond)
+    # the replicas keep their stored responses in one Redis (`serve --redis-url`, the same URL):
+    # any replica can answer for any response id, so an id the router does not know goes where
+    # the policy says instead of being searched for replica by replica
+    shared_response_store: bool = False
     health_interval_s: float = 1.0
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 300.0  # an upstream silent this long mid-response is a failure

@@ -13,9 +13,13 @@ from statistics import mean, quantiles
 from typing import Any
 
 import httpx
+from fastapi import Request
 
-from api.router.affinity import KeyAffinity
+from api.auth import Caller
+from api.errors import ApiError
+from api.router.affinity import AffinityKey, KeyAffinity
 from api.router.config import RouterConfig
+from api.router.conversations import ResponseHomes
 from api.router.policy import Router
 from api.router.replicas import Replica
 from api.router.tokenize import PromptTokenizer
@@ -66,6 +70,7 @@ class RouterState:
     tokenizer: PromptTokenizer
     client: httpx.AsyncClient
     affinity: KeyAffinity = field(default_factory=KeyAffinity)
+    conversations: ResponseHomes = field(default_factory=ResponseHomes)
     overhead: Overhead = field(default_factory=Overhead)
     decisions: Counter[str] = field(default_factory=Counter)
     unrouted: int = 0  # requests no replica could take (503)
@@ -86,20 +91,39 @@ class RouterState:
         return [r for r in self.replicas if r.healthy and r.name not in tried]
 
     def take_out(self, r: Replica) -> None:
-        """Out of rotation until a health check sees it answer; its prompt_cache_keys move on."""
+        """Out of rotation until a health check sees it answer; its prompt_cache_keys move on, and
+        so do its conversations (another replica answers what it knows of them)."""
         r.healthy = False
         self.affinity.forget_replica(r.name)
+        self.conversations.forget_replica(r.name)
 
     def stats(self) -> dict:
         return {
             "policy": self.router.policy,
             "decisions": dict(self.decisions),
             "key_affinity": self.affinity.stats(),
+            "response_ids": {
+                **self.conversations.stats(),
+                "shared_store": self.config.shared_response_store,
+            },
             "unrouted": self.unrouted,
             "overhead": self.overhead.summary(),
             "tokenizer": self.tokenizer.segments.stats(),
             "replicas": {r.name: r.stats() for r in self.replicas},
         }
+
+
+def router_state(request: Request) -> RouterState:
+    state = getattr(request.app.state, "router", None)
+    if state is None:
+        raise ApiError(503, "The router is not ready yet", code="not_ready")
+    return state
+
+
+def affinity_key(caller: Caller, key: object) -> AffinityKey | None:
+    """A request's prompt_cache_key within its caller's tenant (None: it has none, or not a
+    string: the replica refuses it)."""
+    return (caller.tenant or "", key) if isinstance(key, str) else None
 
 
 async def check_health(state: RouterState) -> None:
