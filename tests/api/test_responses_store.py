@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from api.cli import api_config, build_parser
-from api.openai.responses.open_store import open_store
 from api.openai.responses.store import StoredResponse
+from api.openai.responses.store_factory import response_store_for
 from api.openai.responses.store_sqlite import SqliteResponseStore
 
 
@@ -95,7 +95,7 @@ def test_serve_keeps_responses_under_the_cache_folder(
     config = api_config(build_parser().parse_args(["serve"]))
     assert config.responses_store_path == tmp_path / "responses.sqlite"
     assert config.responses_ttl_s == 30 * 24 * 3600
-    store = open_store(config)
+    store = response_store_for(config)
     store.put(record(3))
     store.close()
     assert SqliteResponseStore(config.responses_store_path, 60, 10).get("resp_3") == record(3)
