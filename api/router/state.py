@@ -127,18 +127,19 @@ def affinity_key(caller: Caller, key: object) -> AffinityKey | None:
 
 
 async def check_health(state: RouterState) -> None:
-    """One round: every replica's /health; a 200 puts it (back) in rotation, anything else takes
-    it out."""
+    """One round: every replica's /ready; a 200 puts it (back) in rotation, anything else takes it
+    out: a replica that is starting, draining (SIGTERM, POST /admin/drain) or gone gets no new
+    request."""
 
     async def probe(r: Replica) -> None:
         try:
             resp = await state.client.get(
-                f"{r.spec.url}/health", timeout=state.config.connect_timeout_s
+                f"{r.spec.url}/ready", timeout=state.config.connect_timeout_s
             )
-            healthy = resp.status_code == 200
+            ready = resp.status_code == 200
         except httpx.HTTPError:
-            healthy = False
-        if healthy:
+            ready = False
+        if ready:
             r.healthy = True
         elif r.healthy:
             state.take_out(r)

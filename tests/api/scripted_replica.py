@@ -60,6 +60,7 @@ class ScriptedReplica:
         app = FastAPI()
 
         @app.get("/health")
+        @app.get("/ready")
         async def health() -> dict:
             return {"status": "ok"}
 
