@@ -12,6 +12,7 @@ from typing import Any, get_args
 from api.config import METRIC_NAMES, ApiConfig
 from api.openai.tool_parsers import PARSERS
 from api.router.config import RouterConfig
+from api.router.discovery import DnsReplicas
 from api.router.policy import POLICIES, Balance
 from engine.config import EVICTION_POLICIES, EngineConfig
 from engine.dtypes import AUTO, DTYPES
@@ -272,9 +273,33 @@ def _route_args(p: argparse.ArgumentParser) -> None:
         "--replica",
         action="append",
         default=[],
-        required=True,
         metavar="http://HOST:PORT[,tcp://HOST:EVENTS[,tcp://HOST:REPLAY]]",
         help="a replica and, optionally, its KV-events and replay addresses (repeatable)",
+    )
+    g.add_argument(
+        "--replicas-dns",
+        default=None,
+        metavar="NAME:PORT",
+        help="find the replicas by resolving NAME (e.g. a Kubernetes headless Service) again and "
+        "again: one replica per address, added and dropped as the records change",
+    )
+    g.add_argument(
+        "--replica-events-port",
+        type=int,
+        default=None,
+        help="with --replicas-dns: each replica's KV-events port",
+    )
+    g.add_argument(
+        "--replica-replay-port",
+        type=int,
+        default=None,
+        help="with --replicas-dns: each replica's KV-events replay port",
+    )
+    g.add_argument(
+        "--dns-interval",
+        type=float,
+        default=_default(DnsReplicas, "interval_s"),
+        help="seconds between two resolutions of --replicas-dns",
     )
     g.add_argument(
         "--policy",
@@ -577,8 +602,17 @@ def cmd_route(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
     )
+    dns = None
+    if args.replicas_dns is not None:
+        dns = DnsReplicas.parse(
+            args.replicas_dns,
+            events_port=args.replica_events_port,
+            replay_port=args.replica_replay_port,
+            interval_s=args.dns_interval,
+        )
     config = RouterConfig(
         replicas=tuple(ReplicaSpec.parse(r) for r in args.replica),
+        replicas_dns=dns,
         tokenizer=folder,
         policy=args.policy,
         balance=Balance(
@@ -588,11 +622,10 @@ def cmd_route(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         shared_response_store=args.shared_response_store,
     )
-    print(
-        f"radixcache: routing ({args.policy}) at http://{args.host}:{args.port}/v1 over "
-        f"{len(config.replicas)} replica(s)",
-        flush=True,
-    )
+    over = f"{len(config.replicas)} replica(s)"
+    if dns is not None:
+        over += f" and those {dns.host}:{dns.port} resolves to (every {dns.interval_s:g} s)"
+    print(f"radixcache: routing ({args.policy}) at http://{args.host}:{args.port}/v1 over {over}")
     uvicorn.run(create_router_app(config), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

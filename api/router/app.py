@@ -21,6 +21,7 @@ from api.openai.protocol import ChatCompletionRequest, CompletionRequest
 from api.router.affinity import KeyAffinity
 from api.router.config import RouterConfig
 from api.router.conversations import ResponseHomes
+from api.router.discovery import Discovery
 from api.router.forward import REPLICA_HEADER, Outbound, forward
 from api.router.messages_routes import install_messages_routes
 from api.router.policy import Router
@@ -58,18 +59,24 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         for r in replicas:
             if r.subscriber is not None:
                 r.subscriber.start()
+        tasks = [health_forever(state)]
+        if config.replicas_dns is not None:
+            state.discovery = Discovery(config.replicas_dns)
+            await state.discovery.sync(state)
+            tasks.append(state.discovery.forever(state))
         await check_health(state)
         app.state.router = state
-        health = asyncio.create_task(health_forever(state))
+        running = [asyncio.create_task(t) for t in tasks]
         try:
             yield
         finally:
-            health.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await health
+            for task in running:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             app.state.router = None
             await client.aclose()
-            for r in replicas:
+            for r in state.replicas:
                 if r.subscriber is not None:
                     await asyncio.to_thread(r.subscriber.close)
 

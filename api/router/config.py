@@ -8,6 +8,7 @@ from pathlib import Path
 from api.config import ApiConfig
 from api.router.affinity import DEFAULT_MAX_KEYS
 from api.router.conversations import DEFAULT_MAX_IDS
+from api.router.discovery import DnsReplicas
 from api.router.policy import Balance
 from api.router.replicas import ReplicaSpec
 
@@ -31,7 +32,8 @@ class RouterConfig:
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 300.0  # an upstream silent this long mid-response is a failure
     max_attempts: int = 3  # replicas tried for a request that fails before its first byte
+    replicas_dns: DnsReplicas | None = None  # replicas found (and dropped) by DNS, besides these
 
     def __post_init__(self) -> None:
-        if not self.replicas:
-            raise ValueError("give at least one --replica")
+        if not self.replicas and self.replicas_dns is None:
+            raise ValueError("give at least one --replica, or --replicas-dns")

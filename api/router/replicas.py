@@ -38,6 +38,7 @@ class Replica:
     lock: threading.Lock = field(default_factory=threading.Lock)
     subscriber: EventSubscriber | None = None
     healthy: bool = True
+    discovered: bool = False  # found by --replicas-dns (dropped when its address goes)
     load: int = 0  # requests in flight through the router
     requests: int = 0
     failures: int = 0  # requests that failed on this replica (connect, 5xx, mid-stream)
@@ -84,14 +85,17 @@ class Replica:
         return out
 
 
+def build_replica(name: str, spec: ReplicaSpec, capacity_blocks: int, block_size: int) -> Replica:
+    """A replica and its index; with events, a subscriber (not started) that feeds the index."""
+    index = ReplicaIndex(capacity_blocks, block_size, exact=spec.events is not None)
+    r = Replica(name, spec, index)
+    if spec.events is not None:
+        r.subscriber = EventSubscriber(r.name, spec.events, spec.replay, r.index, r.lock)
+    return r
+
+
 def build_replicas(
     specs: list[ReplicaSpec], capacity_blocks: int, block_size: int
 ) -> list[Replica]:
-    replicas = []
-    for i, spec in enumerate(specs):
-        index = ReplicaIndex(capacity_blocks, block_size, exact=spec.events is not None)
-        r = Replica(f"r{i}", spec, index)
-        if spec.events is not None:
-            r.subscriber = EventSubscriber(r.name, spec.events, spec.replay, r.index, r.lock)
-        replicas.append(r)
-    return replicas
+    """The --replica list, named r0, r1, ... in its order."""
+    return [build_replica(f"r{i}", s, capacity_blocks, block_size) for i, s in enumerate(specs)]

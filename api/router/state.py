@@ -20,8 +20,9 @@ from api.errors import ApiError
 from api.router.affinity import AffinityKey, KeyAffinity
 from api.router.config import RouterConfig
 from api.router.conversations import ResponseHomes
+from api.router.discovery import Discovery
 from api.router.policy import Router
-from api.router.replicas import Replica
+from api.router.replicas import Replica, ReplicaSpec, build_replica
 from api.router.tokenize import PromptTokenizer
 
 log = logging.getLogger("radixcache.router")
@@ -75,6 +76,26 @@ class RouterState:
     decisions: Counter[str] = field(default_factory=Counter)
     unrouted: int = 0  # requests no replica could take (503)
     background: set[asyncio.Task] = field(default_factory=set)
+    discovery: Discovery | None = None  # --replicas-dns
+
+    def add_replica(self, name: str, spec: ReplicaSpec, discovered: bool = False) -> Replica:
+        """A replica joins: its subscriber starts (replaying its events from the first), and it
+        is in rotation once a health check sees it ready."""
+        r = build_replica(name, spec, self.config.index_blocks, self.config.block_size)
+        r.discovered = discovered
+        r.healthy = False
+        if r.subscriber is not None:
+            r.subscriber.start()
+        self.replicas = [*self.replicas, r]  # a new list: a request iterating the old one is safe
+        return r
+
+    async def drop_replica(self, r: Replica) -> None:
+        """A replica leaves: out of rotation, its keys and ids forgotten, its index with it.
+        Requests already sent to it finish there."""
+        self.take_out(r)
+        self.replicas = [x for x in self.replicas if x is not r]
+        if r.subscriber is not None:
+            await asyncio.to_thread(r.subscriber.close)
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Runs work beside the requests (held here until done; a failure is logged)."""
@@ -110,6 +131,7 @@ class RouterState:
             "overhead": self.overhead.summary(),
             "tokenizer": self.tokenizer.segments.stats(),
             "replicas": {r.name: r.stats() for r in self.replicas},
+            "discovery": None if self.discovery is None else self.discovery.stats(),
         }
 
 

@@ -70,19 +70,24 @@ def engine_config(model_dir: Path, **overrides: Any) -> EngineConfig:
 
 
 def start_server(
-    engine_cfg: EngineConfig, api_cfg: ApiConfig, healthy_timeout_s: float = 120.0
+    engine_cfg: EngineConfig,
+    api_cfg: ApiConfig,
+    healthy_timeout_s: float = 120.0,
+    host: str = "127.0.0.1",
+    port: int = 0,
 ) -> Server:
-    """Binds a free port first (no race), runs uvicorn in a thread, waits for /health."""
+    """Binds the port first (a free one by default: no race), runs uvicorn in a thread, waits
+    for /health."""
     app = create_app(engine_cfg, api_cfg)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, port))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    handle = Server(f"http://127.0.0.1:{port}", app, server, thread)
+    handle = Server(f"http://{host}:{port}", app, server, thread)
     wait_healthy(handle, healthy_timeout_s)
     return handle
 

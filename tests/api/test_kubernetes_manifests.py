@@ -18,6 +18,7 @@ from api.cli import build_parser
 from api.lifecycle.server import CLOSE_GRACE_S
 from api.router.app import create_router_app
 from api.router.config import RouterConfig
+from api.router.discovery import DnsReplicas
 from engine.config import EngineConfig
 from tests.kubernetes_manifests import BASE, ROOT, Obj, find, load_kustomization
 
@@ -93,7 +94,8 @@ def test_every_container_command_line_parses_with_our_cli(objects: list[Obj]) ->
 
 def test_probe_paths_exist_on_the_apps_they_probe(objects: list[Obj], tmp_path: Path) -> None:
     server_paths = set(create_app(EngineConfig(model=str(tmp_path))).openapi()["paths"])
-    router_config = RouterConfig(replicas=(), tokenizer=tmp_path)
+    dns = DnsReplicas("radixcache-replicas", 8000)
+    router_config = RouterConfig(replicas=(), tokenizer=tmp_path, replicas_dns=dns)
     router_paths = set(create_router_app(router_config).openapi()["paths"])
     for kind, name, paths in [
         ("StatefulSet", "radixcache", server_paths),
