@@ -27,6 +27,17 @@ def _ip(*args: str) -> None:
         raise NamespacesUnavailable(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
 
 
+def _unrouted_net(preferred: int) -> int:
+    """`preferred`, or the next N whose 10.213.N.0/24 this namespace routes nowhere yet (another
+    run's bridge, left behind by a killed test, would take the traffic meant for ours)."""
+    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+    for k in range(256):
+        net = (preferred + k) % 256
+        if f"10.213.{net}.0/24" not in routes:
+            return net
+    raise NamespacesUnavailable("every 10.213.N.0/24 is routed already")
+
+
 @dataclass
 class Network:
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
@@ -43,6 +54,7 @@ class Network:
             raise NamespacesUnavailable("network namespaces need root (CAP_NET_ADMIN)")
         if shutil.which("ip") is None:
             raise NamespacesUnavailable("network namespaces need iproute2's `ip` command")
+        self.net = _unrouted_net(self.net)
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
             _ip("addr", "add", f"{self.address(-1)}/24", "dev", self.bridge)
