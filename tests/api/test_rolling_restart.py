@@ -23,7 +23,7 @@ from tests.api.router_peers import start_router
 from tests.ports import free_port
 from tests.redis_server import RedisServer
 from tests.restartable_serve import RestartableServe
-from tests.rolling_load import ChatWorkload, Load, first_served, roll, summarise
+from tests.rolling_load import ChatWorkload, Load, first_served, roll, summarise, wait_for
 
 CLIENTS = 8
 DRAIN_TIMEOUT_S = 20  # far above a tiny model's 16-token stream: every drain ends drained
@@ -80,6 +80,13 @@ def test_rolling_restart_under_load_loses_nothing_and_hits_resume_from_redis(
         # 2 x CLIENTS requests per phase: every system prompt computed before the first restart
         # (client i starts on prompt i), and a restarted replica's first requests in its phase
         phases, restarts = roll(load, servers, router.stats, settle_requests=2 * CLIENTS)
+
+        def restarts_seen() -> list[int]:
+            subscribers = [r["subscriber"] for r in router.stats()["replicas"].values()]
+            return [s["restarts"] for s in subscribers]
+
+        # each restarted replica's events began again from 0: the router rebuilt its index
+        wait_for(lambda: min(restarts_seen()) >= 1, 30, "the router to see both restarts")
     finally:
         load.stop()
         router.stop()
