@@ -68,9 +68,10 @@ def test_rolling_restart_under_load_loses_nothing_and_hits_resume_from_redis(
 ) -> None:
     specs = tuple(spec for _, spec in replicas)
     # round-robin: each restarted replica gets requests as soon as it is back (cache-aware would
-    # keep the shared prefixes on the replica that holds them)
+    # keep the shared prefixes on the replica that holds them). The default 1 s health interval:
+    # requests still reach a draining replica, which refuses them, and the router retries them
     config = RouterConfig(
-        specs, tiny_llama, policy="round-robin", block_size=4, health_interval_s=0.1
+        specs, tiny_llama, policy="round-robin", block_size=4, health_interval_s=1.0
     )
     router = start_router(config)
     load = Load(router.url, ChatWorkload(tiny_llama.name), CLIENTS)
