@@ -82,12 +82,15 @@ def model_folder(args: argparse.Namespace, home: Path) -> Path:
 
 def restart_notes(load: Load, restart: Restart, server: RestartableServe, router: dict) -> dict:
     first = first_served(load, restart)
-    stats = httpx.get(f"{server.url}/v1/cache/stats", timeout=10).json()["since_start"]
+    report = httpx.get(f"{server.url}/v1/cache/stats", timeout=10).json()
+    stats, nodes = report["since_start"], report["redis_nodes"].values()
     return restart.as_dict() | {
         "retried_elsewhere": router["replicas"][restart.replica]["failures"],
         "first_request_cached_tokens": first.cached_tokens if first else None,
         "first_request_prompt_tokens": first.prompt_tokens if first else None,
         "new_process_redis_hit_tokens": stats["hit_tokens_by_tier"].get("redis", 0),
+        # a Redis call that failed or timed out (a starved CPU) opens the breaker: misses for 5 s
+        "new_process_redis_errors": sum(n["errors"] for n in nodes),
     }
 
 
@@ -169,7 +172,7 @@ def print_table(rows: list[dict], notes: list[dict]) -> None:
             f"{n['down_s']:.1f} s, {n['retried_elsewhere']} refused and retried elsewhere; its "
             f"first request: {n['first_request_cached_tokens']}/"
             f"{n['first_request_prompt_tokens']} tokens cached; Redis hit tokens since its "
-            f"start: {n['new_process_redis_hit_tokens']}"
+            f"start: {n['new_process_redis_hit_tokens']} ({n['new_process_redis_errors']} errors)"
         )
 
 

@@ -2,8 +2,8 @@
 tier written through, KV events, a short drain timeout) behind a real router; streaming chat
 clients that share system prompts run the whole time while each replica in turn is SIGTERMed,
 waited for (exit code 0), started again on the same port and waited for until the router sees it
-ready. No request fails, no stream is cut short, and each restarted process's first requests load
-the shared prefixes they never computed from Redis (the tier's hits in its own stats).
+ready. No request fails, no stream is cut short, and each restarted process loads shared prefixes
+it never computed from Redis (the tier's hits in its own stats).
 
 8 clients rather than the bench's 32 (benchmarks/bench_rolling.py): two replica processes, the
 router and the clients share the suite's 2 cores; 8 keep both replicas busy (the drain has
@@ -32,7 +32,7 @@ DRAIN_TIMEOUT_S = 20  # far above a tiny model's 16-token stream: every drain en
 def replica(model: Path, redis_url: str, home: Path) -> tuple[RestartableServe, ReplicaSpec]:
     events, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     args = ["--model", str(model), "--dtype", "float32", "--block-size", "4"]
-    args += ["--num-blocks", "512", "--max-model-len", "1024", "--threads", "1"]
+    args += ["--num-blocks", "32768", "--max-model-len", "1024", "--threads", "1"]
     args += ["--no-disk", "--host-tier-bytes", "0", "--redis-url", redis_url]
     args += ["--write-policy", "write-through", "--drain-timeout", str(DRAIN_TIMEOUT_S)]
     args += ["--kv-events-endpoint", events, "--kv-events-replay-endpoint", replay]
@@ -99,8 +99,10 @@ def test_rolling_restart_under_load_loses_nothing_and_hits_resume_from_redis(
         log = server.log()
         assert restart.exit_code == 0, log[-3000:]
         assert log.count("SIGTERM: draining") == 1 and "drain timed out" not in log
-        # the new process's first request found its prompt's shared prefix in Redis: it never
-        # computed it (its device pool started empty; no host or disk tier)
+        # the new process loaded shared prefixes from Redis that it never computed: its device
+        # pool started empty, there is no host or disk tier, and 32768 blocks never evict, so
+        # nothing spilled: write-through put them there. Not asserted of its very first request:
+        # on a starved CPU that load may pass the tier's 0.5 s deadline and it recomputes
         first = first_served(load, restart)
-        assert first is not None and first.cached_tokens > 0, first
-        assert _tier_hits(server.url).get("redis", 0) > 0
+        assert first is not None, f"{restart.replica} served nothing once back"
+        assert _tier_hits(server.url).get("redis", 0) > 0, first
