@@ -114,7 +114,7 @@ def test_a_router_that_never_saw_the_id_finds_its_replica(
 
 
 def test_anthropics_client_through_the_router(router: RouterHandle, replicas: list[Server]) -> None:
-    if "/v1/messages" not in {getattr(r, "path", "") for r in replicas[0].app.routes}:
+    if "/v1/messages" not in replicas[0].app.openapi()["paths"]:
         pytest.skip("the replicas do not serve /v1/messages on this branch yet")
     client = anthropic.Anthropic(base_url=router.url, api_key=KEY, max_retries=0, timeout=120)
     raw = client.messages.with_raw_response.create(
