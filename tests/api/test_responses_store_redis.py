@@ -170,7 +170,7 @@ def test_a_server_whose_redis_is_down_answers_503(
         redis_server.kill()
         got = httpx.get(f"{server.url}/v1/responses/{made.json()['id']}", timeout=60)
         assert got.status_code == 503
-        assert got.json()["error"]["code"] == "response_store_unavailable"
+        assert got.json()["error"]["code"] == "store_unavailable"
         assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
     finally:
         server.stop()

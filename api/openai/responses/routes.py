@@ -50,6 +50,8 @@ async def _in_store(call: Callable[..., T], *args: Any) -> T:
     """A store call off the event loop; a store that fails (down, closed) is a 503."""
     try:
         return await asyncio.to_thread(call, *args)
+    except ApiError:
+        raise  # the store's own 503 (store_redis.ResponseStoreUnavailable)
     except Exception as exc:
         message = f"The response store failed: {type(exc).__name__}: {exc}"
         raise ApiError(503, message, code="store_unavailable") from exc

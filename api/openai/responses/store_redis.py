@@ -35,7 +35,7 @@ class ResponseStoreUnavailable(ApiError):
     route that meets it answers one), the server goes on."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(503, message, code="response_store_unavailable")
+        super().__init__(503, message, code="store_unavailable")
 
 
 class RedisResponseStore:
