@@ -1,15 +1,16 @@
-"""The router's /v1/responses and /v1/messages in front of scripted replicas (tests/api/
-scripted_replica.py: each keeps its own responses and records what reached it): a conversation's
-turns, GETs and DELETEs follow the replica that answered it; an id the router does not know is
-searched for, unless the replicas share a store; the caller's Anthropic headers reach the
-replica; the router's own errors come in each protocol's shape. And the parts: the id map, the
-stream scanner, the lenient reading of bodies."""
+"""The router's /v1/responses and /v1/messages in front of real replicas (a conversation staying
+on its replica, a restarted router, a shared Redis store: test_router_responses.py): an id the
+router does not know is searched for replica by replica, unless the replicas share a store; the
+caller's key and Anthropic headers reach the replica; the router's own errors come in each
+protocol's shape, with no replica, and when a replica dies mid-stream. And the parts: the id
+map, the stream scanner, the lenient reading of bodies."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,10 +23,21 @@ from api.router.proxy import Usage, forward_headers
 from api.router.replicas import ReplicaSpec
 from api.router.tokenize import PromptTokenizer
 from radixcache.shared.chat_template import ChatPrompt
-from tests.api.router_peers import RouterHandle, start_router
-from tests.api.scripted_replica import ScriptedReplica
+from tests.api.router_peers import RouterHandle, spawn_replica, start_router
+from tests.api.servers import (
+    API_KEYS,
+    ENGINE_SETTINGS,
+    Server,
+    engine_config,
+    fresh_text,
+    start_server,
+)
+from tests.ports import free_port
 
 HEADER = "x-radixcache-replica"
+KEY = next(iter(API_KEYS))
+AUTH = {"authorization": f"Bearer {KEY}"}
+ANTHROPIC = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
 
 
 # --- the parts ---
@@ -125,136 +137,132 @@ def test_bodies_are_read_as_the_chat_a_replica_renders(tiny_llama: Path) -> None
     assert messages_prompt({"messages": [{"role": "user"}]}) is None
 
 
-# --- the router in front of scripted replicas ---
+# --- the router in front of real replicas ---
 @pytest.fixture(scope="module")
-def scripted() -> Iterator[list[ScriptedReplica]]:
-    replicas = [ScriptedReplica("a"), ScriptedReplica("b")]
-    yield replicas
-    for r in replicas:
-        r.stop()
+def replicas(tiny_llama: Path) -> Iterator[list[Server]]:
+    """Two replicas, each with a response store of its own and the callers' keys."""
+    servers = [
+        start_server(engine_config(tiny_llama), ApiConfig(api_keys=dict(API_KEYS)))
+        for _ in range(2)
+    ]
+    yield servers
+    for s in servers:
+        s.stop()
 
 
 def router_over(
-    replicas: list[ScriptedReplica], tokenizer: Path, **settings: object
+    urls: list[str],
+    tokenizer: Path,
+    keys: bool = True,
+    replicas_up: bool = True,
+    **settings: Any,
 ) -> RouterHandle:
-    specs = tuple(ReplicaSpec(r.url) for r in replicas)
-    return start_router(RouterConfig(specs, tokenizer, policy="round-robin", **settings))
+    specs = tuple(ReplicaSpec(u) for u in urls)
+    api = ApiConfig(api_keys=dict(API_KEYS)) if keys else ApiConfig()
+    config = RouterConfig(specs, tokenizer, policy="round-robin", api=api, **settings)
+    return start_router(config, replicas_up=replicas_up)
 
 
-def test_a_conversation_follows_the_replica_that_holds_it(
-    scripted: list[ScriptedReplica], tiny_llama: Path
+def _asked(handle: RouterHandle) -> dict[str, tuple[int, dict]]:
+    """Per replica: the requests the router sent it, by the reason it chose it."""
+    replicas = handle.state.stats()["replicas"]
+    return {name: (r["requests"], r["decisions"]) for name, r in replicas.items()}
+
+
+def test_an_id_the_router_does_not_know_is_searched_for_replica_by_replica(
+    replicas: list[Server], tiny_llama: Path
 ) -> None:
-    handle = router_over(scripted, tiny_llama)
+    body = {"model": replicas[1].model, "input": fresh_text(20, seed=3), "max_output_tokens": 2}
+    with httpx.Client(timeout=60, headers=AUTH) as http:
+        held = http.post(f"{replicas[1].url}/v1/responses", json=body).json()["id"]
+    handle = router_over([s.url for s in replicas], tiny_llama)  # it has not seen `held`
     try:
-        with httpx.Client(base_url=handle.url, timeout=30) as http:
-            firsts = [http.post("/v1/responses", json={"input": f"hi {i}"}) for i in range(2)]
-            assert [r.headers[HEADER] for r in firsts] == ["r0", "r1"]  # round-robin
-            for first in firsts:
-                rid, home = first.json()["id"], first.headers[HEADER]
-                for _ in range(3):  # round-robin would alternate: the conversation does not
-                    turn = http.post(
-                        "/v1/responses",
-                        json={"input": "more", "previous_response_id": rid, "stream": True},
-                    )
-                    assert turn.status_code == 200 and turn.headers[HEADER] == home
-                    assert "response.output_text.delta" in turn.text
-                    rid = _created_id(turn.text)  # learned from the stream's first event
-                got = http.get(f"/v1/responses/{rid}")
-                assert got.status_code == 200 and got.headers[HEADER] == home
-                gone = http.delete(f"/v1/responses/{rid}")
-                assert gone.json()["deleted"] and gone.headers[HEADER] == home
-            stats = handle.stats()
-            assert stats["decisions"]["conversation"] == 2 * 5
-            assert stats["response_ids"]["learned"] == 2 * 4
-            assert stats["replicas"]["r0"]["reported_cached_tokens"] == 4 * 4
-    finally:
-        handle.stop()
-
-
-def _created_id(stream: str) -> str:
-    first = next(line for line in stream.splitlines() if line.startswith("data:"))
-    return httpx.Response(200, content=first[5:]).json()["response"]["id"]
-
-
-def test_an_id_the_router_does_not_know_is_searched_for(
-    scripted: list[ScriptedReplica], tiny_llama: Path
-) -> None:
-    with httpx.Client(timeout=30) as http:
-        held = http.post(f"{scripted[1].url}/v1/responses", json={"input": "x"}).json()["id"]
-    handle = router_over(scripted, tiny_llama)  # a router that has not seen `held`
-    try:
-        with httpx.Client(base_url=handle.url, timeout=30) as http:
-            before = len(scripted[0].seen)
+        with httpx.Client(base_url=handle.url, timeout=60, headers=AUTH) as http:
             got = http.get(f"/v1/responses/{held}")
             assert got.status_code == 200 and got.headers[HEADER] == "r1"
-            assert scripted[0].paths()[before:] == [f"GET /v1/responses/{held}"]  # its 404
-            turn = http.post("/v1/responses", json={"input": "y", "previous_response_id": held})
-            assert turn.headers[HEADER] == "r1" and len(scripted[0].seen) == before + 1
+            assert got.json()["id"] == held
+            # r0 (least loaded, first) was asked first; only its 404 sent the router on to r1
+            search = {"id_search": 1}
+            assert _asked(handle) == {"r0": (1, search), "r1": (1, search)}
+            turn = http.post("/v1/responses", json={**body, "previous_response_id": held})
+            assert turn.status_code == 200 and turn.headers[HEADER] == "r1"
+            assert _asked(handle) == {"r0": (1, search), "r1": (2, {**search, "conversation": 1})}
             nobody = http.get("/v1/responses/resp_nobody")
             assert nobody.status_code == 404 and "resp_nobody" in nobody.json()["error"]["message"]
             unknown = http.post(
-                "/v1/responses", json={"input": "z", "previous_response_id": "resp_nobody"}
+                "/v1/responses", json={**body, "previous_response_id": "resp_nobody"}
             )
-            assert unknown.status_code == 404  # the replicas' answer, after asking both
-            assert handle.stats()["decisions"]["id_search"] == 6  # each replica asked counts
+            assert unknown.status_code == 400  # the replicas' own answer, after asking both
+            assert unknown.json()["error"]["code"] == "previous_response_not_found"
+            assert handle.state.stats()["decisions"]["id_search"] == 6  # each replica asked
+            assert handle.state.conversations.home("resp_nobody") is None
     finally:
         handle.stop()
 
 
 def test_with_a_shared_store_an_unknown_id_goes_to_one_replica(
-    scripted: list[ScriptedReplica], tiny_llama: Path
+    replicas: list[Server], tiny_llama: Path
 ) -> None:
-    handle = router_over(scripted, tiny_llama, shared_response_store=True)
+    handle = router_over([s.url for s in replicas], tiny_llama, shared_response_store=True)
     try:
-        with httpx.Client(base_url=handle.url, timeout=30) as http:
-            seen = [len(r.seen) for r in scripted]
-            assert http.get("/v1/responses/resp_elsewhere").status_code == 404
-            assert sum(len(r.seen) for r in scripted) == sum(seen) + 1
-            assert handle.stats()["response_ids"]["shared_store"] is True
+        with httpx.Client(base_url=handle.url, timeout=60, headers=AUTH) as http:
+            missing = http.get("/v1/responses/resp_elsewhere")
+            assert missing.status_code == 404  # one replica's 404, passed back as it is
+            asked = _asked(handle)
+            assert sum(n for n, _ in asked.values()) == 1, asked
+            stats = handle.state.stats()
+            assert "id_search" not in stats["decisions"]
+            assert stats["response_ids"]["shared_store"] is True
     finally:
         handle.stop()
 
 
-def test_anthropic_headers_reach_the_replica_and_errors_keep_each_protocols_shape(
-    scripted: list[ScriptedReplica], tiny_llama: Path
+def test_the_callers_headers_reach_the_replica_and_errors_keep_each_protocols_shape(
+    replicas: list[Server], tiny_llama: Path
 ) -> None:
-    api = ApiConfig(api_keys={"sk-ant": "acme"})
-    handle = router_over(scripted[:1], tiny_llama, api=api)
-    anthropic = {"anthropic-version": "2023-06-01", "anthropic-beta": "prompt-caching-2024-07-31"}
-    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    """The replica requires a key and anthropic-version (the router checks neither's presence
+    for it): its 200 proves the router forwarded both; its refusals of a missing version or an
+    unknown beta, passed back, prove those headers reach it too."""
+    handle = router_over([replicas[0].url], tiny_llama)
+    model = replicas[0].model
+    body = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
     try:
-        with httpx.Client(base_url=handle.url, timeout=30) as http:
-            ok = http.post("/v1/messages", json=body, headers={"x-api-key": "sk-ant", **anthropic})
-            assert ok.status_code == 200
-            seen = scripted[0].seen[-1]
-            assert seen.path == "/v1/messages" and seen.headers["x-api-key"] == "sk-ant"
-            assert {k: seen.headers[k] for k in anthropic} == anthropic
-            chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-            auth = {"authorization": "Bearer sk-ant", "anthropic-version": "2023-06-01"}
-            assert http.post("/v1/chat/completions", json=chat, headers=auth).status_code == 200
-            seen = scripted[0].seen[-1]
-            assert seen.headers["authorization"] == "Bearer sk-ant"
-            assert seen.headers["anthropic-version"] == "2023-06-01"
+        with httpx.Client(base_url=handle.url, timeout=60) as http:
+            ok = http.post("/v1/messages", json=body, headers=ANTHROPIC)
+            assert ok.status_code == 200 and ok.json()["type"] == "message"
+            versionless = http.post("/v1/messages", json=body, headers={"x-api-key": KEY})
+            assert versionless.status_code == 400
+            assert "anthropic-version" in versionless.json()["error"]["message"]
+            beta = {**ANTHROPIC, "anthropic-beta": "no-such-beta-2099-01-01"}
+            unserved = http.post("/v1/messages", json=body, headers=beta)
+            assert unserved.status_code == 400
+            assert "no-such-beta-2099-01-01" in unserved.json()["error"]["message"]
+            chat = {
+                "model": model,
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            assert http.post("/v1/chat/completions", json=chat, headers=AUTH).status_code == 200
             # the router's own refusals: Anthropic's shape on /v1/messages ...
-            denied = http.post("/v1/messages", json=body, headers={"x-api-key": "sk-wrong"})
+            denied = http.post("/v1/messages", json=body, headers={**ANTHROPIC, "x-api-key": "no"})
             assert denied.status_code == 401
             assert denied.json()["type"] == "error"
             assert denied.json()["error"]["type"] == "authentication_error"
-            bad = http.post("/v1/messages", content=b"{nope", headers={"x-api-key": "sk-ant"})
+            bad = http.post("/v1/messages", content=b"{nope", headers=ANTHROPIC)
             assert bad.status_code == 400
             assert bad.json()["error"]["type"] == "invalid_request_error"
             # ... OpenAI's on /v1/responses
-            bad = http.post("/v1/responses", content=b"[1]", headers=auth)
+            bad = http.post("/v1/responses", content=b"[1]", headers=AUTH)
             assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+        assert _asked(handle)["r0"][0] == 4  # the refusals above never reached the replica
     finally:
         handle.stop()
 
 
 def test_no_replica_is_a_503_in_each_protocols_shape(tiny_llama: Path) -> None:
-    doomed = ScriptedReplica("doomed")
-    handle = router_over([doomed], tiny_llama)
+    nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    handle = router_over([nowhere], tiny_llama, keys=False, replicas_up=False)
     try:
-        doomed.stop()
         body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
         with httpx.Client(base_url=handle.url, timeout=30) as http:
             messages = http.post("/v1/messages", json=body)
@@ -269,25 +277,69 @@ def test_no_replica_is_a_503_in_each_protocols_shape(tiny_llama: Path) -> None:
             responses = http.post("/v1/responses", json={"input": "hi"})
             assert responses.status_code == 503
             assert responses.json()["error"]["code"] == "no_replica"
+        assert handle.state.stats()["unrouted"] == 2
     finally:
         handle.stop()
 
 
-def test_a_stream_cut_mid_way_ends_with_the_protocols_error_event(
-    scripted: list[ScriptedReplica], tiny_llama: Path
-) -> None:
-    handle = router_over(scripted[:1], tiny_llama)
+def test_a_stream_cut_mid_way_ends_with_the_protocols_error_event(tiny_llama: Path) -> None:
+    """A replica process killed once each stream's first event has come through: each stream
+    ends with its protocol's error event, never hangs."""
+    long = {**ENGINE_SETTINGS, "max_model_len": 1024}  # the tiny model's own bound
+    doomed = spawn_replica(tiny_llama, long)
     try:
-        with httpx.Client(base_url=handle.url, timeout=30) as http:
-            responses = http.post("/v1/responses", json={"input": "x", "stream": True, "die": 1})
-            *_, last = responses.text.strip().split("\n\n")
-            assert last.startswith("event: error\ndata: ")
-            assert json.loads(last.split("data: ", 1)[1])["code"] == "replica_failed"
-            body = {"messages": [{"role": "user", "content": "x"}], "stream": True, "die": 1}
-            messages = http.post("/v1/messages", json=body)
-            *_, last = messages.text.strip().split("\n\n")
-            error = json.loads(last.split("data: ", 1)[1])
-            assert last.startswith("event: error\n") and error["error"]["type"] == "api_error"
-        assert handle.state.stats()["replicas"]["r0"]["failures"] == 2
+        handle = router_over([doomed.url], tiny_llama, keys=False)
+        try:
+            model = httpx.get(f"{doomed.url}/v1/models", timeout=30).json()["data"][0]["id"]
+            _cut_both_streams(handle, model, doomed.kill)
+            assert handle.state.stats()["replicas"]["r0"]["failures"] == 2
+        finally:
+            handle.stop()
     finally:
-        handle.stop()
+        doomed.kill()  # also when the router never started: no replica outlives the test
+
+
+def _cut_both_streams(handle: RouterHandle, model: str, kill: Any) -> None:
+    text = fresh_text(20, seed=11)  # greedy on the tiny model: no end of text in 960 tokens
+    responses_body = {
+        "model": model,
+        "input": text,
+        "stream": True,
+        "max_output_tokens": 960,
+        "temperature": 0,
+    }
+    messages_body = {
+        "model": model,
+        "max_tokens": 960,
+        "temperature": 0,
+        "stream": True,
+        "messages": [{"role": "user", "content": text}],
+    }
+    anthropic = {"anthropic-version": "2023-06-01"}
+    with (
+        httpx.Client(base_url=handle.url, timeout=60) as http,
+        http.stream("POST", "/v1/responses", json=responses_body) as responses,
+        http.stream("POST", "/v1/messages", json=messages_body, headers=anthropic) as messages,
+    ):
+        for resp in (responses, messages):
+            assert resp.status_code == 200, resp.read()
+        streams = [(responses, *_first_event(responses)), (messages, *_first_event(messages))]
+        kill()
+        texts = [seen + "".join(chunks) for _, chunks, seen in streams]
+    *_, last = texts[0].strip().split("\n\n")
+    assert last.startswith("event: error\ndata: ")
+    assert json.loads(last.split("data: ", 1)[1])["code"] == "replica_failed"
+    assert "response.completed" not in texts[0] and "response.incomplete" not in texts[0]
+    *_, last = texts[1].strip().split("\n\n")
+    error = json.loads(last.split("data: ", 1)[1])
+    assert last.startswith("event: error\n") and error["error"]["type"] == "api_error"
+    assert "message_stop" not in texts[1]
+
+
+def _first_event(resp: httpx.Response) -> tuple[Iterator[str], str]:
+    """Reads a stream until its first whole event; the iterator goes on from there."""
+    chunks = resp.iter_text()
+    seen = ""
+    while "\n\n" not in seen.replace("\r\n", "\n"):
+        seen += next(chunks)
+    return chunks, seen
