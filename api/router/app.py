@@ -14,6 +14,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from api.anthropic.errors import error_body as anthropic_error_body
 from api.auth import identify
 from api.body_limit import BodyLimitMiddleware
 from api.errors import ApiError, install_error_handlers, parse_body
@@ -82,8 +83,9 @@ def create_router_app(config: RouterConfig) -> FastAPI:
 
     app = FastAPI(title="radixcache router", version="0.1.0", lifespan=lifespan)
     app.state.router = None
-    install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.api.max_body_bytes)
+    shapes = {"/v1/messages": anthropic_error_body}  # Anthropic's routes answer in its shape
+    install_error_handlers(app, shapes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.api.max_body_bytes, shapes=shapes)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from api.anthropic.errors import error_body
+
 _USAGE = re.compile(rb'"prompt_tokens":(\d+).*?"cached_tokens":(\d+)')
 # Responses: "input_tokens":N,"input_tokens_details":{"cached_tokens":M}; Anthropic: the tokens
 # read from the cache are apart from "input_tokens" (the rest of the prompt)
@@ -97,8 +99,7 @@ def responses_error_event(message: str) -> bytes:
 
 def anthropic_error_event(message: str) -> bytes:
     """The same for a Messages stream (Anthropic's `error` event)."""
-    err = {"type": "error", "error": {"type": "api_error", "message": message}}
-    return f"event: error\ndata: {json.dumps(err)}\n\n".encode()
+    return f"event: error\ndata: {json.dumps(error_body(502, message))}\n\n".encode()
 
 
 def forward_headers(incoming: dict[str, str]) -> dict[str, str]:

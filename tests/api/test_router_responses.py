@@ -164,3 +164,32 @@ def test_replicas_sharing_a_redis_store_answer_for_each_other(
     finally:
         for s in pair:
             s.stop()
+
+
+def test_a_messages_users_turns_stay_on_one_replica(
+    replicas: list[Server], tiny_llama: Path
+) -> None:
+    """Anthropic's metadata.user_id is the Messages route's affinity key (it has no
+    prompt_cache_key): unrelated prompts spread over the replicas, one user's stay together."""
+    specs = tuple(ReplicaSpec(s.url) for s in replicas)
+    api = ApiConfig(api_keys=dict(API_KEYS))
+    handle = start_router(RouterConfig(specs, tiny_llama, api=api))  # cache-aware
+    client = anthropic.Anthropic(base_url=handle.url, api_key=KEY, max_retries=0, timeout=120)
+
+    def home(seed: int, user: str | None) -> str:
+        extra = {} if user is None else {"metadata": {"user_id": user}}
+        return client.messages.with_raw_response.create(
+            model=replicas[0].model,
+            max_tokens=2,
+            system=fresh_text(40, seed=seed),  # no cached prefix to follow
+            messages=[{"role": "user", "content": "hi"}],
+            **extra,
+        ).headers[HEADER]
+
+    try:
+        assert {home(500 + i, None) for i in range(4)} == {"r0", "r1"}
+        assert len({home(510 + i, "ada") for i in range(4)}) == 1
+        stats = handle.state.stats()  # (the stats route wants a key)
+        assert stats["decisions"]["key_affinity"] == 3 and stats["key_affinity"]["keys"] == 1
+    finally:
+        handle.stop()
