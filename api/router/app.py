@@ -19,9 +19,9 @@ from api.auth import identify
 from api.body_limit import BodyLimitMiddleware
 from api.errors import ApiError, install_error_handlers, parse_body
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest
-from api.router.affinity import KeyAffinity
+from api.router.affinity import key_affinity
 from api.router.config import RouterConfig
-from api.router.conversations import ResponseHomes
+from api.router.conversations import response_homes
 from api.router.discovery import Discovery
 from api.router.forward import REPLICA_HEADER, Outbound, forward
 from api.router.messages_routes import install_messages_routes
@@ -54,8 +54,8 @@ def create_router_app(config: RouterConfig) -> FastAPI:
             Router(config.policy, config.balance),
             tokenizer,
             client,
-            KeyAffinity(config.affinity_keys),
-            ResponseHomes(config.response_ids),
+            key_affinity(config.affinity_keys),
+            response_homes(config.response_ids),
         )
         for r in replicas:
             if r.subscriber is not None:

@@ -9,52 +9,18 @@ cached, otherwise it is the one replica that can continue the conversation, GET 
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
-DEFAULT_MAX_IDS = 65_536
+from api.router.homes import DEFAULT_MAX_HOMES, ReplicaHomes
+
 SCAN_LIMIT = 64 * 1024  # bytes of a stream read for its first event before giving up
+DEFAULT_MAX_IDS = DEFAULT_MAX_HOMES
+
+ResponseHomes = ReplicaHomes[str]
 
 
-@dataclass
-class HomeCounts:
-    learned: int = 0
-    evicted: int = 0  # dropped to keep the bound
-    forgotten: int = 0  # dropped because their replica left, failed or answered 404
-
-
-@dataclass
-class ResponseHomes:
-    max_ids: int = DEFAULT_MAX_IDS
-    counts: HomeCounts = field(default_factory=HomeCounts)
-    _homes: OrderedDict[str, str] = field(default_factory=OrderedDict)
-
-    def home(self, response_id: str) -> str | None:
-        name = self._homes.get(response_id)
-        if name is not None:
-            self._homes.move_to_end(response_id)
-        return name
-
-    def learn(self, response_id: str, replica: str) -> None:
-        if self._homes.pop(response_id, None) is None:
-            self.counts.learned += 1
-        self._homes[response_id] = replica
-        if len(self._homes) > self.max_ids:
-            self._homes.popitem(last=False)
-            self.counts.evicted += 1
-
-    def forget(self, response_id: str) -> None:
-        if self._homes.pop(response_id, None) is not None:
-            self.counts.forgotten += 1
-
-    def forget_replica(self, replica: str) -> None:
-        gone = [k for k, name in self._homes.items() if name == replica]
-        for k in gone:
-            del self._homes[k]
-        self.counts.forgotten += len(gone)
-
-    def stats(self) -> dict:
-        return {"ids": len(self._homes), "max_ids": self.max_ids, **vars(self.counts)}
+def response_homes(max_ids: int = DEFAULT_MAX_IDS) -> ResponseHomes:
+    return ReplicaHomes(max_ids, "ids")
 
 
 def response_id_of_body(body: bytes) -> str | None:

@@ -17,9 +17,9 @@ from fastapi import Request
 
 from api.auth import Caller
 from api.errors import ApiError
-from api.router.affinity import AffinityKey, KeyAffinity
+from api.router.affinity import AffinityKey, KeyAffinity, key_affinity
 from api.router.config import RouterConfig
-from api.router.conversations import ResponseHomes
+from api.router.conversations import ResponseHomes, response_homes
 from api.router.discovery import Discovery
 from api.router.policy import Router
 from api.router.replicas import Replica, ReplicaSpec, build_replica
@@ -70,8 +70,8 @@ class RouterState:
     router: Router
     tokenizer: PromptTokenizer
     client: httpx.AsyncClient
-    affinity: KeyAffinity = field(default_factory=KeyAffinity)
-    conversations: ResponseHomes = field(default_factory=ResponseHomes)
+    affinity: KeyAffinity = field(default_factory=key_affinity)
+    conversations: ResponseHomes = field(default_factory=response_homes)
     overhead: Overhead = field(default_factory=Overhead)
     decisions: Counter[str] = field(default_factory=Counter)
     unrouted: int = 0  # requests no replica could take (503)

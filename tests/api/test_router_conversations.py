@@ -17,7 +17,7 @@ import pytest
 
 from api.config import ApiConfig
 from api.router.config import RouterConfig
-from api.router.conversations import ResponseHomes, StreamIdScanner, response_id_of_body
+from api.router.conversations import StreamIdScanner, response_homes, response_id_of_body
 from api.router.lenient import messages_prompt, responses_prompt
 from api.router.proxy import Usage, forward_headers
 from api.router.replicas import ReplicaSpec
@@ -42,7 +42,7 @@ ANTHROPIC = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
 
 # --- the parts ---
 def test_the_id_map_is_bounded_and_forgets_a_replica() -> None:
-    homes = ResponseHomes(max_ids=2)
+    homes = response_homes(max_ids=2)
     homes.learn("resp_a", "r0")
     homes.learn("resp_b", "r1")
     assert homes.home("resp_a") == "r0"  # a lookup makes it the most recent
@@ -55,6 +55,7 @@ def test_the_id_map_is_bounded_and_forgets_a_replica() -> None:
         "ids": 0,
         "max_ids": 2,
         "learned": 3,
+        "moved": 0,
         "evicted": 1,
         "forgotten": 2,
     }
