@@ -296,6 +296,13 @@ def _route_args(p: argparse.ArgumentParser) -> None:
         help="with --replicas-dns: each replica's KV-events replay port",
     )
     g.add_argument(
+        "--health-interval",
+        type=float,
+        default=_default(RouterConfig, "health_interval_s"),
+        help="seconds between two rounds of the replicas' /ready checks (a draining replica "
+        "leaves the rotation within one)",
+    )
+    g.add_argument(
         "--dns-interval",
         type=float,
         default=_default(DnsReplicas, "interval_s"),
@@ -613,6 +620,7 @@ def cmd_route(args: argparse.Namespace) -> int:
     config = RouterConfig(
         replicas=tuple(ReplicaSpec.parse(r) for r in args.replica),
         replicas_dns=dns,
+        health_interval_s=args.health_interval,
         tokenizer=folder,
         policy=args.policy,
         balance=Balance(

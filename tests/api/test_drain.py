@@ -11,10 +11,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from api.config import ApiConfig
 from api.lifecycle.drain import Drain
-from tests.api.servers import Server, engine_config, start_server
+from tests.api.servers import Server, engine_config, fresh_text, start_server
+from tests.redis_server import RedisServer
 from tests.serve_process import ServeProcess
 
 
@@ -168,3 +170,27 @@ def test_sigterm_exits_when_the_drain_timeout_runs_out(
     assert server.proc.returncode == 0, out
     assert "drain timed out with 1 requests running" in out
     assert took < 30, took
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_pending_writes_to_the_shared_tier(
+    tiny_llama: Path, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Every block a write-through server computed is in Redis once SIGTERM's drain has ended:
+    the signal lands right after the last answer, while its blocks' writes are still queued."""
+    args = ["--model", str(tiny_llama), "--dtype", "float32", "--block-size", "4"]
+    args += ["--num-blocks", "256", "--no-disk", "--redis-url", redis_server.url]
+    args += ["--write-policy", "write-through", "--log-level", "info"]
+    server = ServeProcess(args, tmp_path / "home")
+    server.wait_healthy()
+    prompts = [fresh_text(200, seed=700 + i) for i in range(6)]
+    body = {"model": tiny_llama.name, "max_tokens": 1, "temperature": 0}
+    with httpx.Client(timeout=60) as client:
+        for prompt in prompts:  # one after another: the last one's writes are the freshest
+            r = client.post(f"{server.url}/v1/completions", json={**body, "prompt": prompt})
+            assert r.status_code == 200
+    server.proc.send_signal(15)
+    out = server.output()
+    assert server.proc.returncode == 0, out
+    keys = redis.Redis.from_url(redis_server.url).keys("radixcache:*")
+    assert len(keys) >= len(prompts) * (200 // 4), out  # every prompt's every full block
