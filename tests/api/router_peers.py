@@ -11,17 +11,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
+import pytest
 import uvicorn
 import zmq
 
 from api.router.app import create_router_app
 from api.router.config import RouterConfig
 from radixcache.shared.kv_events_wire import END_SEQ_FRAME
+from tests.api.servers import fresh_text
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,3 +175,44 @@ class ScriptedPeer:
         self.pub.close(linger=0)
         self.router.close(linger=0)
         self.ctx.term()
+
+
+def route_through_a_dying_replica(
+    router_url: str, stats: Callable[[], dict], model: str, kill: Callable[[], None]
+) -> None:
+    """A round-robin router over a replica to kill (r0) and a steady one (r1): a stream opens on
+    r0, 12 requests run at once, r0 is SIGKILLed (`kill`) with at least 2 of them on it. None of
+    the 12 is lost (those cut before their first byte are retried on r1) and the stream ends with
+    the router's error event, never hangs."""
+    client = openai.OpenAI(base_url=f"{router_url}/v1", api_key="none", max_retries=0, timeout=120)
+    stream = client.completions.create(
+        model=model,
+        prompt="stream me",
+        max_tokens=400,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    first = next(iter(stream))  # round-robin: the first request went to the doomed replica
+    assert first.choices
+
+    def one(i: int) -> str:
+        out = client.completions.create(
+            model=model,
+            prompt=fresh_text(30, seed=i),
+            max_tokens=120,
+            extra_body={"ignore_eos": True},
+        )
+        return out.choices[0].text
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(one, i) for i in range(12)]
+        wait_until(lambda: stats()["replicas"]["r0"]["load"] >= 2, 30, "requests on the doomed")
+        kill()
+        results = [f.result(timeout=120) for f in futures]
+    assert len(results) == 12 and all(results)
+    with pytest.raises(openai.APIError, match="replica failed"):
+        for _ in stream:
+            pass
+    replicas = stats()["replicas"]
+    assert replicas["r0"]["failures"] >= 1 and not replicas["r0"]["healthy"]
+    assert replicas["r1"]["requests"] >= 12 - replicas["r0"]["requests"] + 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from radixcache.shared.kv_events_wire import BatchDecoder, BlockRemoved, BlockSt
 from tests.api.router_peers import (
     ReplicaProcess,
     ScriptedPeer,
+    route_through_a_dying_replica,
     spawn_replica,
     start_router,
     wait_until,
@@ -383,42 +383,8 @@ def _route_through_a_dying_replica(
         health_interval_s=0.2,
     )
     handle = start_router(config)
-    client = openai.OpenAI(base_url=f"{handle.url}/v1", api_key="none", max_retries=0, timeout=120)
-    model = replicas[0].model
     try:
-        stream = client.completions.create(
-            model=model,
-            prompt="stream me",
-            max_tokens=400,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        first = next(iter(stream))  # round-robin: the first request went to the doomed replica
-        assert first.choices
-
-        def one(i: int) -> str:
-            out = client.completions.create(
-                model=model,
-                prompt=fresh_text(30, seed=i),
-                max_tokens=120,
-                extra_body={"ignore_eos": True},
-            )
-            return out.choices[0].text
-
-        with ThreadPoolExecutor(8) as pool:
-            futures = [pool.submit(one, i) for i in range(12)]
-            wait_until(
-                lambda: handle.state.replicas[0].load >= 2, 30, "requests on the doomed replica"
-            )
-            doomed.kill()
-            results = [f.result(timeout=120) for f in futures]
-        assert len(results) == 12 and all(results)
-        with pytest.raises(openai.APIError, match="replica failed"):
-            for _ in stream:  # ends with the router's error event, never hangs
-                pass
-        stats = handle.stats()["replicas"]
-        assert stats["r0"]["failures"] >= 1 and not stats["r0"]["healthy"]
-        assert stats["r1"]["requests"] >= 12 - stats["r0"]["requests"] + 1
+        route_through_a_dying_replica(handle.url, handle.stats, replicas[0].model, doomed.kill)
     finally:
         handle.stop()
 

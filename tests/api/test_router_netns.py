@@ -8,7 +8,6 @@ test_router.py runs the same checks over loopback."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import openai
 import pytest
 
 from tests.api.netns_peers import NetReplica, NetRouter, spawn_replica, start_router
-from tests.api.router_peers import wait_until
+from tests.api.router_peers import route_through_a_dying_replica, wait_until
 from tests.api.servers import ENGINE_SETTINGS, fresh_text, metric
 from tests.netns import Network
 
@@ -185,38 +184,6 @@ def test_a_killed_replica_loses_no_request(
 
 
 def _route_through_a_dying_replica(router: NetRouter, doomed: NetReplica) -> None:
-    client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="none", max_retries=0, timeout=120)
     model = httpx.get(f"{doomed.url}/v1/models", timeout=10).json()["data"][0]["id"]
-    stream = client.completions.create(
-        model=model,
-        prompt="stream me",
-        max_tokens=400,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
-    first = next(iter(stream))  # round-robin: the first request went to the doomed replica
-    assert first.choices
-
-    def one(i: int) -> str:
-        out = client.completions.create(
-            model=model,
-            prompt=fresh_text(30, seed=i),
-            max_tokens=120,
-            extra_body={"ignore_eos": True},
-        )
-        return out.choices[0].text
-
-    with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(one, i) for i in range(12)]
-        wait_until(
-            lambda: router.stats()["replicas"]["r0"]["load"] >= 2, 30, "requests on the doomed"
-        )
-        doomed.kill()  # SIGKILL: its connections across the bridge are reset mid-request
-        results = [f.result(timeout=120) for f in futures]
-    assert len(results) == 12 and all(results)
-    with pytest.raises(openai.APIError, match="replica failed"):
-        for _ in stream:  # ends with the router's error event, never hangs
-            pass
-    stats = router.stats()["replicas"]
-    assert stats["r0"]["failures"] >= 1 and not stats["r0"]["healthy"]
-    assert stats["r1"]["requests"] >= 12 - stats["r0"]["requests"] + 1
+    # SIGKILL: its connections across the bridge are reset mid-request
+    route_through_a_dying_replica(router.url, router.stats, model, doomed.kill)
