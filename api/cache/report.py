@@ -101,6 +101,7 @@ def cache_report(
         "requests": {"running": counters.running, "waiting": counters.waiting},
         "redis_nodes": counters.redis_nodes,
         "retention": None if counters.retention is None else asdict(counters.retention),
+        "tier_traffic": None if counters.tier_traffic is None else asdict(counters.tier_traffic),
         "compute_saved_note": "flops ~ 2 x parameters x tokens saved (attention not counted)",
         TierName.DEVICE: {
             "block_size": cache.block_size,

@@ -76,6 +76,19 @@ class RetentionCounters:
 
 
 @dataclass(frozen=True)
+class TierTraffic:
+    """What moved between the device and the spill tiers (storage/store_stats.py)."""
+
+    loads: int  # loads that asked the tiers
+    loaded_blocks: int
+    load_deadline_misses: int  # loads taken before they were done: the rest was recomputed
+    load_errors: int  # loads cut short by a tier's failure (recomputed)
+    stored_blocks: int  # blocks handed to the writer
+    dropped_writes: int  # blocks not written: the writer's queue was full
+    pending_writes: int  # queued, not yet written
+
+
+@dataclass(frozen=True)
 class EngineCounters:
     cache: CacheCounters
     device: CacheStats
@@ -88,6 +101,7 @@ class EngineCounters:
     redis_nodes: dict[str, dict[str, int]] = field(default_factory=dict)  # "host:port" -> health
     spec: SpecStats = field(default_factory=SpecStats)  # a copy: speculative decoding
     retention: RetentionCounters | None = None  # None: no persistent tier
+    tier_traffic: TierTraffic | None = None  # None: no spill tier
 
 
 def _redis_nodes(snap: EngineSnapshot) -> dict[str, dict[str, int]]:
@@ -102,6 +116,21 @@ def _retention(snap: EngineSnapshot) -> RetentionCounters | None:
     tier, r = snap.tiers.retention
     return RetentionCounters(
         tier, r.blocks, r.bytes, r.budget_bytes, r.granted, r.dropped, r.expired
+    )
+
+
+def _tier_traffic(snap: EngineSnapshot) -> TierTraffic | None:
+    if snap.tiers is None:
+        return None
+    st = snap.tiers.store
+    return TierTraffic(
+        st.loads,
+        st.loaded_blocks,
+        st.deadline_misses,
+        st.load_errors,
+        st.stored_blocks,
+        st.dropped_blocks,
+        snap.tiers.pending_blocks,
     )
 
 
@@ -150,4 +179,5 @@ def read_counters(snap: EngineSnapshot, output_tokens: int) -> EngineCounters:
         redis_nodes=_redis_nodes(snap),
         spec=totals.spec,
         retention=_retention(snap),
+        tier_traffic=_tier_traffic(snap),
     )

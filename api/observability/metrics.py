@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 
 from api.config import METRIC_NAMES
 from api.observability import metrics_vllm
-from api.observability.engine_stats import EngineCounters, RetentionCounters
+from api.observability.engine_stats import EngineCounters, RetentionCounters, TierTraffic
 from api.observability.latency import LatencyRecorder
 from api.observability.pools import layer_types_report
 from engine.speculative.stats import SpecStats
@@ -92,6 +92,8 @@ class EngineCollector(Collector):
         yield from _redis_nodes(c.redis_nodes)
         if c.retention is not None:
             yield from _retention_metrics(c.retention)
+        if c.tier_traffic is not None:
+            yield from _tier_traffic_metrics(c.tier_traffic)
 
 
 def _retention_metrics(r: RetentionCounters) -> Iterator[Metric]:
@@ -115,6 +117,28 @@ def _retention_metrics(r: RetentionCounters) -> Iterator[Metric]:
         "Retentions that ran their full time",
         r.tier,
         r.expired_blocks,
+    )
+
+
+def _tier_traffic_metrics(t: TierTraffic) -> Iterator[Metric]:
+    """Loads from and writes to the spill tiers; a load past its deadline or failing is
+    recomputed, so these say what the tiers did not save."""
+    rows = [
+        ("cache_tier_loads", "Loads that asked the spill tiers", t.loads),
+        ("cache_tier_loaded_blocks", "Blocks loaded from the spill tiers", t.loaded_blocks),
+        (
+            "cache_tier_load_deadline_misses",
+            "Loads taken before done (the rest recomputed)",
+            t.load_deadline_misses,
+        ),
+        ("cache_tier_load_errors", "Loads cut short by a tier failure", t.load_errors),
+        ("cache_tier_stored_blocks", "Blocks handed to the tier writer", t.stored_blocks),
+        ("cache_tier_dropped_writes", "Blocks not written: writer queue full", t.dropped_writes),
+    ]
+    for name, doc, value in rows:
+        yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+    yield GaugeMetricFamily(
+        f"{PREFIX}_cache_tier_pending_writes", "Blocks queued for the tiers", value=t.pending_writes
     )
 
 

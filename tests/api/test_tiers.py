@@ -58,7 +58,12 @@ def test_flushed_prefix_comes_back_from_host_tier(tier_server: Server) -> None:
         host = stats["occupancy"]["host"]
         assert host["used_bytes"] > 0 and host["capacity_bytes"] == HOST_BYTES
         assert "disk" in stats["occupancy"]
+        traffic = stats["tier_traffic"]  # the load that brought the prefix back, and the spill
+        assert traffic["loads"] >= 1 and traffic["loaded_blocks"] >= 6
+        assert traffic["stored_blocks"] >= 6 and traffic["load_errors"] == 0
         text = client.get("/metrics").text
+        assert metric(text, "radixcache_cache_tier_loaded_blocks_total") >= 6
+        assert metric(text, "radixcache_cache_tier_load_deadline_misses_total") >= 0
         assert metric(text, "radixcache_prefix_cache_tier_hits_tokens_total", 'tier="host"') > 0
         assert metric(text, "radixcache_cache_used_bytes", 'tier="host"') > 0
     server.engine.admin(CheckIntegrity())
