@@ -23,8 +23,10 @@ recomputes what a crash lost.
 Retention (`retain`, a request's prompt_cache_retention): retained blocks leave the LRU for a
 RetentionLedger (storage/retention.py) and are not evicted for room until their retention ends
 (expired, or dropped past the ledger's byte budget, or the budget itself no longer fits): then
-they rejoin the LRU at its cold end, as ordinary entries. Retention is kept in memory only: after a
-restart the files are ordinary entries.
+they rejoin the LRU at its cold end, as ordinary entries. A retained file's modification time is
+set to its retention's deadline (a time in the future) and back to now when the retention ends, so
+a restart finds the retentions still running: the files whose time is still ahead, retained again
+for what is left of their 24 h (within the budget, oldest first out).
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ class DiskTier:
                 size = self._index.pop(key, None) or self.retention.size_of(key)
                 if size is not None:  # (None: the write was refused)
                     self._demote(self.retention.grant([(key, size)]))
+                    self._stamp(key, time.time() + self.retention.duration_s)
 
     def retention_stats(self) -> RetentionStats:
         with self._lock:
@@ -297,6 +300,12 @@ class DiskTier:
         for key, size in blocks:
             self._index[key] = size
             self._index.move_to_end(key, last=False)
+            self._stamp(key, time.time())
+
+    def _stamp(self, key: tuple[str, int], mtime: float) -> None:
+        """A file's modification time: its retention's deadline, or now once it has none."""
+        with contextlib.suppress(OSError):  # gone meanwhile: nothing to keep
+            os.utime(self._path(*key), (mtime, mtime))
 
     def _remove(self, key: tuple[str, int]) -> None:
         """Under the lock: forget the key and delete its file."""
@@ -320,9 +329,16 @@ class DiskTier:
             for sub in os.scandir(ns_dir.path):
                 if sub.is_dir() and _is_hex(sub.name, 2):
                     found += self._scan_fanout(ns_dir.name, sub)
-        for _, key, size in sorted(found):
-            self._index[key] = size
+        now = time.time()
+        for mtime, key, size in sorted(found):
             self._used += size
+            if mtime <= now:
+                self._index[key] = size
+                continue
+            # a retention still running when the last process stopped: what is left of it
+            left = min(mtime - now, self.retention.duration_s)
+            with self._lock:
+                self._demote(self.retention.grant([(key, size)], duration_s=left))
         with self._lock:
             self._make_room(0)  # the budget may have shrunk since the last run
 

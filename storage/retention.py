@@ -61,11 +61,15 @@ class RetentionLedger(Generic[K]):
             held = self._held.get(key)
             return None if held is None else held[1]
 
-    def grant(self, prefix: list[tuple[K, int]]) -> list[tuple[K, int]]:
-        """Retains a prefix's blocks (key, size), in prefix order, for duration_s from now
-        (renewing those already held); returns the blocks that lost their retention to make
-        room (the oldest grants; blocks of this prefix too when it alone exceeds the budget)."""
-        deadline = self._clock() + self.duration_s
+    def grant(
+        self, prefix: list[tuple[K, int]], duration_s: float | None = None
+    ) -> list[tuple[K, int]]:
+        """Retains a prefix's blocks (key, size), in prefix order, for duration_s (the ledger's
+        by default) from now, renewing those already held; returns the blocks that lost their
+        retention to make room (the oldest grants; blocks of this prefix too when it alone
+        exceeds the budget). A shorter duration (a retention restored after a restart, which
+        started earlier) must come before the newer grants, to keep deadline order."""
+        deadline = self._clock() + (self.duration_s if duration_s is None else duration_s)
         with self._lock:
             for key, size in reversed(prefix):  # the head ends up newest (see above)
                 self._pop(key)

@@ -148,3 +148,29 @@ def test_the_store_retains_in_disk_else_redis_and_reports_it(
             assert (store.stats().retention is None) == (config is not no_room)
         finally:
             store.close()
+
+
+def test_a_restart_finds_the_retentions_still_running(tmp_path: Path, ns: Namespace) -> None:
+    """A retained file carries its deadline as its modification time: a new process on the same
+    folder retains it again for what is left, and the retentions that had ended stay ordinary."""
+    first = DiskTier(tmp_path, 8 * VALUE_BYTES, retained_bytes=3 * VALUE_BYTES)
+    dropped, kept, plain = chain(ns, 2), chain(ns, 3, start=1000), chain(ns, 2, start=2000)
+    first.retain(ns, encoded(dropped))
+    first.retain(ns, encoded(kept, seed=10))  # past the budget: `dropped` loses its retention
+    first.put(ns, encoded(plain, seed=20))
+    assert first.retention_stats().blocks == 3
+    first.close()
+
+    now = [0.0]
+    second = DiskTier(
+        tmp_path, 5 * VALUE_BYTES, retained_bytes=3 * VALUE_BYTES, clock=lambda: now[0]
+    )
+    stats = second.retention_stats()
+    assert (stats.blocks, stats.bytes) == (3, 3 * VALUE_BYTES)  # `kept`, and only it
+    assert len(second) == 5  # 7 files on a 5-block disk: the LRU gave up 2, none of them retained
+    assert second.contains(ns, kept) == [True] * 3
+    second.put(ns, encoded(chain(ns, 4, start=3000), seed=30))  # pressure
+    assert second.contains(ns, kept) == [True] * 3
+    assert second.contains(ns, dropped) == [False, False]
+    now[0] = RETAIN_S  # what was left of the 24 h has run out
+    assert second.retention_stats().blocks == 0
