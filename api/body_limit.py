@@ -3,12 +3,11 @@ in the error shape of the route's protocol (OpenAI's unless `shapes` names the p
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import ErrorShape, error_json
+from api.errors import ErrorShape, error_body_for, send_json
 
 
 class BodyTooLarge(Exception):
@@ -57,11 +56,4 @@ class BodyLimitMiddleware:
 
     async def _reject(self, send: Send, path: str) -> None:
         message = f"Request body too large (limit {self.max_bytes} bytes)"
-        shape = next((f for p, f in self.shapes.items() if path.startswith(p)), None)
-        body = json.dumps(shape(413, message) if shape else error_json(413, message)).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, 413, error_body_for(self.shapes, path, 413, message))

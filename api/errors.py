@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from fastapi import FastAPI, Request
@@ -107,6 +107,28 @@ def parse_body(raw: bytes, model: type[M]) -> M:
 ErrorShape = Callable[[int, str], dict]  # (status, message) -> another protocol's error body
 
 
+def error_body_for(
+    shapes: Mapping[str, ErrorShape], path: str, status: int, message: str, code: str | None = None
+) -> dict:
+    """The error body in the protocol served at `path`: the shape of the first prefix of
+    `shapes` it starts with, else OpenAI's."""
+    shape = next((f for prefix, f in shapes.items() if path.startswith(prefix)), None)
+    return shape(status, message) if shape is not None else error_json(status, message, code=code)
+
+
+async def send_json(
+    send: Callable[[dict], Awaitable[None]],
+    status: int,
+    body: dict,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """A whole JSON response straight on the ASGI channel (for middleware answering itself)."""
+    data = json.dumps(body).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": head + (headers or [])})
+    await send({"type": "http.response.body", "body": data})
+
+
 def install_error_handlers(app: FastAPI, shapes: Mapping[str, ErrorShape] | None = None) -> None:
     """`shapes`: path prefix -> the error body of the protocol served there, for what no route
     answers (an unknown path or method under it); OpenAI's shape elsewhere."""
@@ -124,9 +146,9 @@ def install_error_handlers(app: FastAPI, shapes: Mapping[str, ErrorShape] | None
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         path = request.url.path
-        shape = next((f for p, f in shaped.items() if path.startswith(p)), None)
-        if shape is not None:
-            return JSONResponse(shape(exc.status_code, str(exc.detail)), exc.status_code)
+        if any(path.startswith(prefix) for prefix in shaped):  # (else OpenAI's, 401's header too)
+            body = error_body_for(shaped, path, exc.status_code, str(exc.detail))
+            return JSONResponse(body, exc.status_code)
         return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)

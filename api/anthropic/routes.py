@@ -27,7 +27,7 @@ from api.anthropic.protocol import CountTokensRequest, MessagesRequest, TokenCou
 from api.auth import Caller, identify
 from api.body_limit import BodyTooLarge
 from api.errors import ApiError, parse_body
-from api.openai.tool_plan import ToolPlan, tool_format, tool_plan
+from api.openai.tool_plan import ToolPlan, plan_tools
 from api.serving.input_checks import check_model
 from api.serving.job_streams import start_request
 from api.serving.request_builder import GenerationSpec
@@ -146,14 +146,10 @@ def prepare(state: ServerState, req: CountTokensRequest) -> Prepared:
     found = marks(req)
     ids = prompt_ids(tokenizer, templates, conv)
     breakpoints = locate(tokenizer, templates, ids, found)
-    plan = None
-    if req.tools or req.tool_choice is not None:
-        tools = [openai_tool(t) for t in req.tools or ()]
-        choice, parallel = openai_tool_choice(req)
-        fmt = "hermes"
-        if tools:
-            fmt = tool_format(state.config.tool_call_parser, templates, conv.chat_prompt())
-        plan = tool_plan(tools, choice, parallel, fmt)
+    tools = [openai_tool(t) for t in req.tools or ()]
+    choice, parallel = openai_tool_choice(req)
+    configured = state.config.tool_call_parser
+    plan = plan_tools(tools, choice, parallel, configured, templates, conv.chat_prompt())
     return Prepared(ids, breakpoints, plan)
 
 

@@ -5,7 +5,6 @@ always answered and never counted, so an orchestrator can watch a draining repli
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -13,7 +12,7 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import ErrorShape, error_json
+from api.errors import ErrorShape, error_body_for, send_json
 
 # answered while draining and not counted as work: probes, metrics, the admin and the dashboard
 ALWAYS_ANSWERED = ("/health", "/ready", "/metrics", "/admin/", "/dashboard", "/v1/cache/stats")
@@ -96,13 +95,6 @@ class DrainMiddleware:
 
     async def _refuse(self, send: Send, path: str) -> None:
         message = "The server is draining: retry on another replica"
-        shape = next((f for p, f in self.shapes.items() if path.startswith(p)), None)
-        error = shape(503, message) if shape else error_json(503, message, code="draining")
-        body = json.dumps(error).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(self.drain.retry_after_s()).encode()),
-        ]
-        await send({"type": "http.response.start", "status": 503, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        body = error_body_for(self.shapes, path, 503, message, code="draining")
+        retry = [(b"retry-after", str(self.drain.retry_after_s()).encode())]
+        await send_json(send, 503, body, retry)

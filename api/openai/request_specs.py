@@ -9,7 +9,7 @@ from api.chat_template import ChatTemplates
 from api.errors import ApiError
 from api.openai.output_format import output_format
 from api.openai.protocol import ChatCompletionRequest, CompletionRequest
-from api.openai.tool_plan import ToolPlan, tool_format, tool_plan
+from api.openai.tool_plan import ToolPlan, plan_tools
 from api.serving.request_builder import GenerationSpec
 
 MAX_BATCH_PROMPTS = 64
@@ -44,8 +44,9 @@ def chat_spec(
     """The spec and the plan of the request's tools (tool_plan.py), whose forced calls are its
     output constraint. `tool_call_parser`: the server's tool-call format, if it sets one."""
     prompt = req.chat_prompt()
-    fmt = tool_format(tool_call_parser, templates, prompt) if req.tools else "hermes"
-    plan = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, fmt)
+    plan = plan_tools(
+        req.tools, req.tool_choice, req.parallel_tool_calls, tool_call_parser, templates, prompt
+    )
     constraint, param = output_format(req)
     if plan is not None and plan.forced:
         if constraint is not None:

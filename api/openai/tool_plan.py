@@ -53,6 +53,20 @@ def tool_format(configured: str | None, templates: ChatTemplates, prompt: ChatPr
         raise ApiError(400, str(exc), param=exc.param) from exc
 
 
+def plan_tools(
+    tools: list[Tool] | None,
+    choice: ToolChoice | None,
+    parallel_calls: bool,
+    configured: str | None,
+    templates: ChatTemplates,
+    prompt: ChatPrompt,
+) -> ToolPlan | None:
+    """Every route's tool plan: in the format the calls are written in (`tool_format`: the
+    server's --tool-call-parser, else the prompt's template's), hermes when there are no tools."""
+    fmt = tool_format(configured, templates, prompt) if tools else "hermes"
+    return tool_plan(tools, choice, parallel_calls, fmt)
+
+
 def tool_plan(
     tools: list[Tool] | None, choice: ToolChoice | None, parallel_calls: bool, fmt: str
 ) -> ToolPlan | None:

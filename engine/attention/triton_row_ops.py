@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.models.row_ops import RowOps, as_rows
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -109,18 +111,12 @@ def _rope_store_kv_kernel(
         tl.store(v_cache_ptr + at, v, mask=d_mask)
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """x as [rows, n] with unit stride along n (a view when it already is)."""
-    flat = x.reshape(-1, x.shape[-1])
-    return flat if flat.stride(-1) == 1 else flat.contiguous()
-
-
-class TritonRowOps:
+class TritonRowOps(RowOps):
     """The fused row ops on CUDA (engine/models/row_ops.py's interface)."""
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x [..., n] -> x * rsqrt(mean(x^2) + eps) * weight (float32 statistics)."""
-        rows = _rows(x)
+        rows = as_rows(x)
         y = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
         self._norm(rows, rows, weight, y, eps, add=False)
         return y.view(x.shape)
@@ -131,7 +127,7 @@ class TritonRowOps:
         """residual [T, n] += x (in place); (rms_norm(residual), residual)."""
         if residual.stride(-1) != 1 or residual.dim() != 2:
             raise ValueError("add_rms_norm needs a [T, n] residual with unit stride along n")
-        rows = _rows(x)
+        rows = as_rows(x)
         y = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
         self._norm(rows, residual, weight, y, eps, add=True)
         return y, residual
@@ -157,7 +153,7 @@ class TritonRowOps:
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """gate_up [T, 2I] -> silu(gate_up[:, :I]) * gate_up[:, I:] as [T, I]."""
-        gu = _rows(gate_up)
+        gu = as_rows(gate_up)
         num_rows, inter = gu.shape[0], gu.shape[1] // 2
         y = torch.empty(num_rows, inter, dtype=gu.dtype, device=gu.device)
         if num_rows == 0:

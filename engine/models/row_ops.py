@@ -32,7 +32,7 @@ class RowOps:
         if device.type == "cuda":
             from engine.attention.triton_row_ops import TritonRowOps
 
-            return TritonRowOps()  # type: ignore[return-value]
+            return TritonRowOps()
         native = load_native() if device.type == "cpu" else None
         return NativeRowOps(native) if native is not None else RowOps()
 
@@ -70,7 +70,7 @@ class RowOps:
         return out
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
+def as_rows(x: torch.Tensor) -> torch.Tensor:
     """x as [rows, n] with unit stride along n (a view where it already is)."""
     if x.dim() == 2 and x.stride(1) == 1:
         return x
@@ -85,7 +85,7 @@ class NativeRowOps(RowOps):
         self.native = native
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return self.native.rms_norm(_rows(x), weight, eps).view(x.shape)
+        return self.native.rms_norm(as_rows(x), weight, eps).view(x.shape)
 
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float

@@ -7,7 +7,7 @@ from api.chat_template import ChatTemplates
 from api.openai.output_format import format_constraint
 from api.openai.responses.items import chat_tool_choice, chat_tools, response_format
 from api.openai.responses.protocol import ResponsesRequest
-from api.openai.tool_plan import ToolPlan, tool_format, tool_plan
+from api.openai.tool_plan import ToolPlan, plan_tools
 from api.serving.request_builder import GenerationSpec
 from radixcache.shared.chat_template import ChatPrompt
 
@@ -18,10 +18,8 @@ def tool_plan_of(
     tool_call_parser: str | None,
     prompt: ChatPrompt,
 ) -> ToolPlan | None:
-    fmt = tool_format(tool_call_parser, templates, prompt) if req.tools else "hermes"
-    return tool_plan(
-        chat_tools(req.tools), chat_tool_choice(req.tool_choice), req.parallel_tool_calls, fmt
-    )
+    tools, choice = chat_tools(req.tools), chat_tool_choice(req.tool_choice)
+    return plan_tools(tools, choice, req.parallel_tool_calls, tool_call_parser, templates, prompt)
 
 
 def responses_spec(
