@@ -64,3 +64,16 @@ def offline(tiny_llama: Path) -> LLM:
 def http(server: Server) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, timeout=60.0) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def keyed_replicas(tiny_llama: Path) -> Iterator[list[Server]]:
+    """Two replicas for a router to front, each with a response store of its own and the
+    callers' keys (API_KEYS)."""
+    servers = [
+        start_server(engine_config(tiny_llama), ApiConfig(api_keys=dict(API_KEYS)))
+        for _ in range(2)
+    ]
+    yield servers
+    for s in servers:
+        s.stop()

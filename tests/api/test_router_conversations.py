@@ -28,9 +28,7 @@ from tests.api.servers import (
     API_KEYS,
     ENGINE_SETTINGS,
     Server,
-    engine_config,
     fresh_text,
-    start_server,
 )
 from tests.ports import free_port
 
@@ -140,15 +138,8 @@ def test_bodies_are_read_as_the_chat_a_replica_renders(tiny_llama: Path) -> None
 
 # --- the router in front of real replicas ---
 @pytest.fixture(scope="module")
-def replicas(tiny_llama: Path) -> Iterator[list[Server]]:
-    """Two replicas, each with a response store of its own and the callers' keys."""
-    servers = [
-        start_server(engine_config(tiny_llama), ApiConfig(api_keys=dict(API_KEYS)))
-        for _ in range(2)
-    ]
-    yield servers
-    for s in servers:
-        s.stop()
+def replicas(keyed_replicas: list[Server]) -> list[Server]:
+    return keyed_replicas
 
 
 def router_over(

@@ -27,15 +27,8 @@ KEY = next(iter(API_KEYS))
 
 
 @pytest.fixture(scope="module")
-def replicas(tiny_llama: Path) -> Iterator[list[Server]]:
-    """Two replicas, each with a response store of its own (the default)."""
-    servers = [
-        start_server(engine_config(tiny_llama), ApiConfig(api_keys=dict(API_KEYS)))
-        for _ in range(2)
-    ]
-    yield servers
-    for s in servers:
-        s.stop()
+def replicas(keyed_replicas: list[Server]) -> list[Server]:
+    return keyed_replicas
 
 
 def router_over(replicas: list[Server], tiny_llama: Path) -> RouterHandle:
