@@ -17,6 +17,7 @@ from api.router.policy import POLICIES, Balance
 from engine.config import EVICTION_POLICIES, EngineConfig
 from engine.dtypes import AUTO, DTYPES
 from engine.kv.events import KVEventsConfig
+from engine.kv.quant import KV_FORMATS
 from engine.loader.default_model import DEFAULT_MODEL_NAME, default_cache_dir
 from engine.loader.named_models import NAMED_MODELS
 from engine.speculative.config import SPECULATIVE_MODES, STEP_COST_MODELS
@@ -121,6 +122,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         choices=[AUTO, *DTYPES],
         help="weights and KV cache dtype; auto: bfloat16 where the CPU has bf16 dot products "
         "(avx512_bf16, AMX) or on CUDA, float32 on other CPUs",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        default=ENGINE.kv_cache_dtype,
+        choices=[AUTO, *KV_FORMATS],
+        help="the device KV pool's rows: auto (the model dtype) or quantized with a scale per "
+        "token and head, nearly twice the tokens in the same memory (accuracy per format: "
+        "README, benchmarks/bench_kv_quant.py)",
     )
     g.add_argument("--device", default=ENGINE.device, help="torch device (cpu, cuda)")
     g.add_argument(
@@ -453,6 +462,7 @@ def engine_config(args: argparse.Namespace, model_path: Path) -> Any:
     return EngineConfig(
         model=str(model_path),
         dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         device=args.device,
         block_size=args.block_size,
         kv_cache_memory=args.kv_memory,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.dtypes import AUTO, DTYPES
+from engine.kv.quant import KVFormat, kv_format
 from engine.speculative.config import (
     DEFAULT_MODE,
     DEFAULT_NUM_TOKENS,
@@ -28,6 +29,8 @@ class EngineConfig:
     device: str = "cpu"
     block_size: int = 16
     kv_cache_memory: int = 1 << 30  # bytes for the paged KV tensor
+    # the device pool's rows: the model dtype ("auto") or a quantized format (engine/kv/quant.py)
+    kv_cache_dtype: str = AUTO
     num_blocks: int | None = None  # overrides kv_cache_memory when set
     # sliding-window layers (a window shorter than the context) keep a pool of their own:
     # its blocks (None: sized for as many sequences as the full pool, engine/kv/hybrid_cache.py)
@@ -77,11 +80,17 @@ class EngineConfig:
         if self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory must be positive")
         _ = self.spec  # ValueError when invalid
+        _ = self.kv_format  # ValueError when invalid
         if self.deterministic and self.device.startswith("cuda"):
             raise ValueError(
                 "deterministic mode runs on CPU only: its batch-invariant kernels (the native "
                 "prefill attention, matmul calls of row-invariant sizes) have no CUDA version"
             )
+
+    @property
+    def kv_format(self) -> KVFormat | None:
+        """The device pool's quantized format; None: the model's dtype."""
+        return kv_format(self.kv_cache_dtype)
 
     @property
     def spec(self) -> SpecConfig:

@@ -64,6 +64,8 @@ def build_parts(config: EngineConfig) -> EngineParts:
     dtype_name = resolve_dtype(config.dtype, config.device)
     device, dtype = torch.device(config.device), DTYPES[dtype_name]
     model = load_model(path, dtype, device, invariant=config.deterministic)
+    if config.kv_format is not None:
+        model.use_kv_format(config.kv_format)
     mc = model.config
     max_model_len = min(
         config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings
@@ -103,7 +105,9 @@ def build_parts(config: EngineConfig) -> EngineParts:
     )
     tokenizer = load_tokenizer(path)
     namespace = Namespace(
-        model_id=model.model_id, kv_dtype=dtype_name, block_size=config.block_size
+        model_id=model.model_id,
+        kv_dtype=config.kv_format.name if config.kv_format else dtype_name,
+        block_size=config.block_size,
     )
     grammars = GrammarCompiler(
         tokenizer.backend.to_str,  # read on the first constraint only
@@ -150,6 +154,7 @@ def _build_kv_cache(
             memory_bytes=config.kv_cache_memory - graph_memory_reserve(config, mc, dtype),
             num_blocks=config.num_blocks,
             scratch_block=config.cuda_graphs,  # padding rows of graph steps write here (CPU tests replay graphs eagerly)
+            kv_format=config.kv_format,
         )
     return HybridKVCache.build(
         groups,
@@ -164,6 +169,7 @@ def _build_kv_cache(
         memory_bytes=config.kv_cache_memory,
         num_blocks=config.num_blocks,
         num_window_blocks=config.num_window_blocks,
+        kv_format=config.kv_format,
     )
 
 

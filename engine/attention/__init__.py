@@ -17,6 +17,7 @@ from engine.attention.metadata import (
 from engine.attention.native import load_native
 from engine.attention.torch_backend import TorchAttention
 from engine.dtypes import cpu_flags
+from engine.kv.quant import KVFormat
 
 
 class AttentionBackend(Protocol):
@@ -60,6 +61,7 @@ def make_attention_backend(
     head_dim: int | None = None,
     invariant: bool = False,
     prefill: bool | None = None,
+    kv_format: KVFormat | None = None,
 ) -> AttentionBackend:
     """Triton kernels on CUDA; on CPU the torch backend, with the native kernels when native is
     True (required) or None (when they build here); native=False: pure torch. Decode tokens go
@@ -68,7 +70,11 @@ def make_attention_backend(
     or AVX2, float32 with AVX2) and, with prefill None, where it beats torch's
     (native_prefill_pays); prefill True: wherever it exists, False: never. invariant: every token
     through the prefill kernel, so outputs do not depend on batching, chunking or cache hits
-    (EngineConfig.deterministic); an error where that kernel is missing, and on CUDA."""
+    (EngineConfig.deterministic); an error where that kernel is missing, and on CUDA.
+    kv_format: the pool holds quantized rows (engine/kv/quant.py), read by kernels of their own:
+    triton on CUDA, the native kernel on CPU (torch's dequantizing reference with native=False)."""
+    if kv_format is not None:
+        return _quantized_backend(device, native, invariant, kv_format)
     if torch.device(device).type == "cuda":
         if invariant:
             raise RuntimeError("deterministic mode has no batch-invariant CUDA kernels")
@@ -94,6 +100,22 @@ def make_attention_backend(
     else:  # None: where it pays; False: never
         use_prefill = prefill is None and has_prefill and native_prefill_pays(dtype, cpu_flags())
     return TorchAttention(module, native_prefill=use_prefill, invariant=invariant)
+
+
+def _quantized_backend(
+    device: torch.device | str, native: bool | None, invariant: bool, kv_format: KVFormat
+) -> AttentionBackend:
+    if torch.device(device).type == "cuda":
+        if invariant:
+            raise RuntimeError("deterministic mode has no batch-invariant CUDA kernels")
+        from engine.attention.triton_backend import TritonAttention
+
+        return TritonAttention(kv_format)
+    if native is not True and not invariant:  # TODO: the native kernel where it builds
+        from engine.attention.quant_reference import DequantizingAttention
+
+        return DequantizingAttention(kv_format)
+    raise RuntimeError(f"no native kernel reads {kv_format.name} KV blocks yet")
 
 
 __all__ = [

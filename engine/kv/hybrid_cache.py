@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.kv.paged_cache import KVCache, bytes_per_block
+from engine.kv.quant import KVFormat, pool_row
 from radixcache.window_blocks import NULL_BLOCK, blocks_before_hit
 
 
@@ -114,16 +115,25 @@ class HybridKVCache(KVCache):
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        kv_format: KVFormat | None = None,
     ) -> None:
         n_full = len(groups.full_layers)
         super().__init__(
-            n_full, budget.num_full_blocks, block_size, num_kv_heads, head_dim, dtype, device
+            n_full,
+            budget.num_full_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            device,
+            kv_format=kv_format,
         )
         self.groups = groups
         self.num_window_blocks = budget.num_window_blocks
         shape = (len(groups.window_layers), 2, budget.num_window_blocks + 1, block_size)
+        row, row_dtype = pool_row(head_dim, dtype, kv_format)
         self.window_tensor = torch.zeros(
-            (*shape, num_kv_heads, head_dim), dtype=dtype, device=device
+            (*shape, num_kv_heads, row), dtype=row_dtype, device=device
         )
 
     @classmethod
@@ -142,6 +152,7 @@ class HybridKVCache(KVCache):
         memory_bytes: int | None,
         num_blocks: int | None,
         num_window_blocks: int | None,
+        kv_format: KVFormat | None = None,
     ) -> HybridKVCache:
         budget = WindowBudget.split(
             groups,
@@ -149,12 +160,14 @@ class HybridKVCache(KVCache):
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,
             max_chunk=max_chunk,
-            bytes_per_layer_block=bytes_per_block(1, block_size, num_kv_heads, head_dim, dtype),
+            bytes_per_layer_block=bytes_per_block(
+                1, block_size, num_kv_heads, head_dim, dtype, kv_format
+            ),
             memory_bytes=memory_bytes,
             num_full_blocks=num_blocks,
             num_window_blocks=num_window_blocks,
         )
-        return cls(groups, budget, block_size, num_kv_heads, head_dim, dtype, device)
+        return cls(groups, budget, block_size, num_kv_heads, head_dim, dtype, device, kv_format)
 
     @property
     def nbytes(self) -> int:

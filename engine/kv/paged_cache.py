@@ -9,16 +9,25 @@ from collections.abc import Sequence
 import torch
 
 from engine.dtypes import DTYPES  # noqa: F401 (engine/factory.py reads the table from here for now)
+from engine.kv.quant import KVFormat, pool_row
 
 
 def bytes_per_block(
-    num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    num_layers: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    kv_format: KVFormat | None = None,
 ) -> int:
-    elem = torch.empty((), dtype=dtype).element_size()
-    return num_layers * 2 * block_size * num_kv_heads * head_dim * elem
+    row, row_dtype = pool_row(head_dim, dtype, kv_format)
+    return num_layers * 2 * block_size * num_kv_heads * row * row_dtype.itemsize
 
 
 class KVCache:
+    """kv_format: the pool holds quantized rows ([.., Hkv, D + 4] bytes: engine/kv/quant.py)
+    instead of the model dtype's [.., Hkv, D]."""
+
     def __init__(
         self,
         num_layers: int,
@@ -29,14 +38,17 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         scratch_block: bool = False,
+        kv_format: KVFormat | None = None,
     ) -> None:
         self.num_blocks = num_blocks
+        self.kv_format = kv_format
         self.block_size = block_size
         # one block past num_blocks that no sequence owns: padded rows of a replayed decode
         # graph write their K/V there (engine/cuda_graphs/runner.py)
         self.scratch_block: int | None = num_blocks if scratch_block else None
-        shape = (num_layers, 2, num_blocks + scratch_block, block_size, num_kv_heads, head_dim)
-        self.tensor = torch.zeros(shape, dtype=dtype, device=device)
+        row, row_dtype = pool_row(head_dim, dtype, kv_format)
+        shape = (num_layers, 2, num_blocks + scratch_block, block_size, num_kv_heads, row)
+        self.tensor = torch.zeros(shape, dtype=row_dtype, device=device)
 
     @classmethod
     def from_budget(
@@ -51,21 +63,38 @@ class KVCache:
         memory_bytes: int | None = None,
         num_blocks: int | None = None,
         scratch_block: bool = False,
+        kv_format: KVFormat | None = None,
     ) -> KVCache:
         """scratch_block: one block more than num_blocks (within memory_bytes when sized by it)."""
         if num_blocks is None:
             if memory_bytes is None:
                 raise ValueError("give kv_cache_memory or num_blocks")
-            per_block = bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
+            per_block = bytes_per_block(
+                num_layers, block_size, num_kv_heads, head_dim, dtype, kv_format
+            )
             num_blocks = memory_bytes // per_block - scratch_block
         if num_blocks < 1:
             raise ValueError("KV cache budget too small for one block")
         return cls(
-            num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device, scratch_block
+            num_layers,
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            device,
+            scratch_block,
+            kv_format,
         )
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, num_blocks: int, block_size: int) -> KVCache:
+    def for_model(
+        cls,
+        model: torch.nn.Module,
+        num_blocks: int,
+        block_size: int,
+        kv_format: KVFormat | None = None,
+    ) -> KVCache:
         """A zeroed cache of `model`'s layout, dtype and device (tests, benchmarks)."""
         c = model.config
         return cls(
@@ -76,6 +105,7 @@ class KVCache:
             c.head_dim,
             model.dtype,
             model.device,
+            kv_format=kv_format,
         )
 
     @property

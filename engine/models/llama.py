@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata, make_attention_backend
+from engine.kv.quant import KVFormat
 from engine.models.config import ModelConfig
 from engine.models.packed_linear import PackedWeight, linear, pack_weight
 from engine.models.rope import LayerRopes
@@ -165,6 +166,19 @@ class LlamaForCausalLM(nn.Module):
         self.row_ops = RowOps.for_device(device)
         self.attention = attention or make_attention_backend(
             device, dtype=dtype, head_dim=config.head_dim, invariant=invariant
+        )
+
+    def use_kv_format(self, kv_format: KVFormat | None, native: bool | None = None) -> None:
+        """The KV pools hold rows of this format (engine/kv/quant.py): the row ops quantize what
+        they store, and an attention backend for such pools reads them."""
+        self.row_ops = RowOps.for_device(self.device, kv_format)
+        self.attention = make_attention_backend(
+            self.device,
+            native,
+            dtype=self.dtype,
+            head_dim=self.config.head_dim,
+            invariant=self.invariant,
+            kv_format=kv_format,
         )
 
     layer_norms = ("input_layernorm", "post_attention_layernorm", "q_norm", "k_norm")

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from engine.attention.native import NativeKernels, load_native
 from engine.attention.torch_backend import write_kv
+from engine.kv.quant import KVFormat, store_quantized
 from engine.models.rope import apply_rope
 
 
@@ -24,17 +25,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RowOps:
-    """The torch reference of the row-wise ops."""
+    """The torch reference of the row-wise ops. kv_format: the caches hold quantized rows
+    (engine/kv/quant.py): rope_store_kv quantizes what it stores."""
+
+    def __init__(self, kv_format: KVFormat | None = None) -> None:
+        self.kv_format = kv_format
 
     @staticmethod
-    def for_device(device: torch.device) -> RowOps:
+    def for_device(device: torch.device, kv_format: KVFormat | None = None) -> RowOps:
         """The triton kernels on CUDA; the native ops on CPU where they build; else torch's."""
         if device.type == "cuda":
             from engine.attention.triton_row_ops import TritonRowOps
 
-            return TritonRowOps()
+            return TritonRowOps(kv_format)
         native = load_native() if device.type == "cpu" else None
-        return NativeRowOps(native) if native is not None else RowOps()
+        return NativeRowOps(native, kv_format) if native is not None else RowOps(kv_format)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x [..., n] -> RMSNorm(x) * weight (float32 statistics)."""
@@ -66,7 +71,11 @@ class RowOps:
         """Rope of qk's q and k heads -> a new contiguous [T, Hq + Hkv, D]; the roped k heads and
         v are written to the caches at slot_mapping (the attention must not store them again)."""
         out = apply_rope(qk, cos, sin)
-        write_kv(out[:, out.shape[1] - v.shape[1] :], v, k_cache, v_cache, slot_mapping)
+        k = out[:, out.shape[1] - v.shape[1] :]
+        if self.kv_format is None:
+            write_kv(k, v, k_cache, v_cache, slot_mapping)
+        else:
+            store_quantized(k, v, k_cache, v_cache, slot_mapping, self.kv_format)
         return out
 
 
@@ -81,7 +90,8 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
 class NativeRowOps(RowOps):
     """The row-wise ops as single native CPU ops (one dispatch each instead of a chain)."""
 
-    def __init__(self, native: NativeKernels) -> None:
+    def __init__(self, native: NativeKernels, kv_format: KVFormat | None = None) -> None:
+        super().__init__(kv_format)
         self.native = native
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -105,4 +115,6 @@ class NativeRowOps(RowOps):
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> torch.Tensor:
+        if self.kv_format is not None:  # TODO(native quantized store)
+            return super().rope_store_kv(qk, v, cos, sin, k_cache, v_cache, slot_mapping)
         return self.native.rope_store_kv(qk, v, cos, sin, k_cache, v_cache, slot_mapping)
