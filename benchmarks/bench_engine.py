@@ -111,12 +111,15 @@ def run_batch(
     return outs, [o.metrics["first_token_time"] - t0 for o in outs]
 
 
-def make_engine(model: Path, dtype: str, caching: bool, deterministic: bool = False) -> LLMEngine:
+def make_engine(
+    model: Path, dtype: str, caching: bool, deterministic: bool = False, kv_dtype: str = "auto"
+) -> LLMEngine:
     config = EngineConfig(
         deterministic=deterministic,
         model=str(model),
         device=args.device,
         dtype=dtype,
+        kv_cache_dtype=kv_dtype,
         max_num_seqs=MAX_RUNNING,
         max_num_batched_tokens=args.batched_tokens,
         enable_prefix_caching=caching,
@@ -160,9 +163,15 @@ def warm(engine: LLMEngine, vocab: int) -> None:
 
 
 def bench_engine(
-    model: Path, dtype: str, caching: bool, workload: str, vocab: int, deterministic=False
+    model: Path,
+    dtype: str,
+    caching: bool,
+    workload: str,
+    vocab: int,
+    deterministic: bool = False,
+    kv_dtype: str = "auto",
 ) -> Row:
-    engine = make_engine(model, dtype, caching, deterministic)
+    engine = make_engine(model, dtype, caching, deterministic, kv_dtype)
     warm(engine, vocab)
     before = engine.stats.snapshot()
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -176,7 +185,8 @@ def bench_engine(
     engine.close()
     return Row(
         workload,
-        f"radixcache cache-{'on' if caching else 'off'}{' determ.' if deterministic else ''}",
+        f"radixcache cache-{'on' if caching else 'off'}{' determ.' if deterministic else ''}"
+        + (f" kv {kv_dtype}" if kv_dtype != "auto" else ""),
         dtype,
         total,
         out_tokens,
@@ -238,11 +248,14 @@ def print_cached_ttft(rows: list[dict]) -> None:
         )
 
 
-def bench_vllm(model: Path, dtype: str, caching: bool, workload: str, vocab: int) -> Row:
+def bench_vllm(
+    model: Path, dtype: str, caching: bool, workload: str, vocab: int, kv_dtype: str = "auto"
+) -> Row:
     """The same workload in vLLM's CPU build, in its own interpreter (args.vllm_python)."""
     request: dict = {
         "model": str(model),
         "dtype": dtype,
+        "kv_cache_dtype": kv_dtype,
         "caching": caching,
         "max_num_seqs": MAX_RUNNING,
         "max_model_len": VLLM_MAX_MODEL_LEN,
@@ -268,7 +281,8 @@ def bench_vllm(model: Path, dtype: str, caching: bool, workload: str, vocab: int
     ideal = GSP_IDEAL_PREFILL if workload == "gsp" else MT_IDEAL_PREFILL
     return Row(
         workload,
-        f"vLLM-CPU {result['version']} cache-{'on' if caching else 'off'}",
+        f"vLLM-CPU {result['version']} cache-{'on' if caching else 'off'}"
+        + (f" kv {kv_dtype}" if kv_dtype != "auto" else ""),
         dtype,
         result["total_s"],
         result["output_tokens"],
@@ -470,20 +484,26 @@ def main() -> None:
         for dtype in args.dtypes:
             for caching in (mode == "on" for mode in args.modes):
                 for _rep in range(args.repeat):
-                    ours = bench_engine(model, dtype, caching, workload, vocab).summary()
-                    rows.append(ours)
-                    print_table(rows[-1:])
+                    ours_rows = []
+                    for kv_dtype in args.kv_dtypes:
+                        row = bench_engine(model, dtype, caching, workload, vocab, False, kv_dtype)
+                        ours_rows.append(row.summary())
+                        rows.append(ours_rows[-1])
+                        print_table(rows[-1:])
+                    ours = ours_rows[0]
                     if args.deterministic:
                         det = bench_engine(model, dtype, caching, workload, vocab, True)
                         rows.append(det.summary())
                         rows[-1]["cost_vs_default"] = det.total_s / ours["total_s"]
                         rows[-1]["note"] = f"{det.total_s / ours['total_s']:.2f}x the default row"
                         print_table(rows[-1:])
-                    if args.vllm_python:
-                        peer = bench_vllm(model, dtype, caching, workload, vocab).summary()
-                        ours["ratio_vs_vllm"] = ours["total_s"] / peer["total_s"]
-                        rows.append(peer)
+                    for i, kv_dtype in enumerate(args.vllm_kv_dtypes if args.vllm_python else []):
+                        peer = bench_vllm(model, dtype, caching, workload, vocab, kv_dtype)
+                        rows.append(peer.summary())
                         print_table(rows[-1:])
+                        if i == 0:  # each of our rows against the peer's default KV
+                            for r in ours_rows:
+                                r["ratio_vs_vllm"] = r["total_s"] / rows[-1]["total_s"]
             if args.hf_requests > 0:
                 row = bench_transformers(model, dtype, workload, vocab, args.hf_requests)
                 rows.append(row.summary())
@@ -529,6 +549,15 @@ if __name__ == "__main__":
     parser.add_argument("--device", default="cpu", help="torch device of our rows (cpu, cuda)")
     parser.add_argument("--model", default=None, help="HF folder (default: the default model)")
     parser.add_argument("--vllm-python", default=None, help="vLLM's interpreter: adds its rows")
+    parser.add_argument(
+        "--kv-dtypes", nargs="+", default=["auto"], help="our rows' --kv-cache-dtype, each a row"
+    )
+    parser.add_argument(
+        "--vllm-kv-dtypes",
+        nargs="+",
+        default=["auto"],
+        help="vLLM's kv_cache_dtype, each a row (fp8: where its CPU build takes it)",
+    )
     parser.add_argument("--profile", action="store_true", help="time breakdown per workload")
     parser.add_argument(
         "--deterministic",

@@ -47,6 +47,7 @@ def main() -> None:
         max_num_seqs=request["max_num_seqs"],
         enforce_eager=True,
         disable_log_stats=False,
+        kv_cache_dtype=request.get("kv_cache_dtype", "auto"),
     )
     params = SamplingParams(temperature=0, max_tokens=request["out_tokens"], ignore_eos=True)
 
