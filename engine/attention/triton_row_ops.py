@@ -1,8 +1,9 @@
 """A layer's small row-wise ops as fused triton kernels (CUDA; also run by the CPU interpreter with
 TRITON_INTERPRET=1 in tests): RMSNorm, RMSNorm after the residual add, SiLU times the up
-projection, and rope with the K/V cache write. Same signatures as engine/models/row_ops.py's
-RowOps, whose torch versions are the references; statistics and products in float32, one
-rounding to the activations' dtype where torch rounds between ops.
+projection, and rope with the K/V cache write (quantizing it for a quantized pool). Same
+signatures as engine/models/row_ops.py's RowOps, whose torch versions are the references;
+statistics and products in float32, one rounding to the activations' dtype where torch rounds
+between ops.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.attention.triton_kernels import check_packed, format_code
+from engine.attention.triton_quant import quantize_store
 from engine.models.row_ops import RowOps, as_rows
 
 
@@ -84,9 +87,12 @@ def _rope_store_kv_kernel(
     HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,  # rotary dims / 2: dims [0, 2 * HALF) rotate, the rest pass through
     BLOCK_D: tl.constexpr,
+    FORMAT: tl.constexpr,  # KVFormat.code of a quantized pool; -1: the model's dtype
+    QMAX: tl.constexpr,
 ):
     # program (token t, head h of q then k): rotate-half rope of the head; a k head is also
-    # stored at the token's slot, with the v head of the same index
+    # stored at the token's slot, with the v head of the same index (quantized: the roped k as
+    # rounded to the activations' dtype, as the reference quantizes it)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -105,10 +111,19 @@ def _rope_store_kv_kernel(
     if h >= NUM_Q_HEADS:
         kvh = h - NUM_Q_HEADS
         slot = tl.load(slot_ptr + t).to(tl.int64)
-        at = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
-        tl.store(k_cache_ptr + at, out, mask=d_mask)
-        v = tl.load(v_ptr + t * stride_vt + kvh * stride_vh + d, mask=d_mask)
-        tl.store(v_cache_ptr + at, v, mask=d_mask)
+        v = tl.load(v_ptr + t * stride_vt + kvh * stride_vh + d, mask=d_mask, other=0.0)
+        if FORMAT < 0:
+            at = slot * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + d
+            tl.store(k_cache_ptr + at, out, mask=d_mask)
+            tl.store(v_cache_ptr + at, v, mask=d_mask)
+        else:  # one packed row each, as rows [1, BLOCK_D]
+            packed = HEAD_DIM + 4
+            row = tl.full([1], 0, tl.int64) + slot * (NUM_KV_HEADS * packed) + kvh * packed
+            one = tl.full([1], 1, tl.int1)
+            k_row = out.to(tl.float32)[None, :]
+            quantize_store(k_cache_ptr, row, one, d, k_row, FORMAT, QMAX, HEAD_DIM)
+            v_row = v.to(tl.float32)[None, :]
+            quantize_store(v_cache_ptr, row, one, d, v_row, FORMAT, QMAX, HEAD_DIM)
 
 
 class TritonRowOps(RowOps):
@@ -169,14 +184,16 @@ class TritonRowOps(RowOps):
         v: torch.Tensor,  # [T, Hkv, D]
         cos: torch.Tensor,  # [T, 1, D]: [cos, cos, 1...] (engine/models/rope.py)
         sin: torch.Tensor,  # [T, 1, rotary_dim / 2]
-        k_cache: torch.Tensor,  # [num_blocks, bs, Hkv, D], contiguous
+        k_cache: torch.Tensor,  # [num_blocks, bs, Hkv, D] (uint8 [.., D + 4] packed), contiguous
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,  # int64 [T]
     ) -> torch.Tensor:
         """Rope of qk's q and k heads -> a new contiguous [T, Hq + Hkv, D]; the roped k heads and
-        v are written to the caches at slot_mapping (the attention must not store them again)."""
+        v are written to the caches at slot_mapping (the attention must not store them again),
+        quantized where the row ops have a kv_format."""
         t, heads, d = qk.shape
         hkv = v.shape[1]
+        check_packed(d, self.kv_format)
         if qk.stride(2) != 1 or v.stride(2) != 1:
             qk, v = qk.contiguous(), v.contiguous()
         out = torch.empty((t, heads, d), dtype=qk.dtype, device=qk.device)
@@ -205,5 +222,7 @@ class TritonRowOps(RowOps):
             HEAD_DIM=d,
             HALF=sin2.shape[1],
             BLOCK_D=triton.next_power_of_2(d),
+            FORMAT=format_code(self.kv_format),
+            QMAX=self.kv_format.qmax if self.kv_format else 0.0,
         )
         return out

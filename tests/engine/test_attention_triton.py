@@ -104,7 +104,7 @@ class KernelAttention:
         return out
 
 
-def tiny_model(window=None):
+def tiny_model(window=None, device="cpu"):
     """A random 2-layer model of Qwen3's shapes; window: a Mistral of that sliding window."""
     import tempfile
 
@@ -129,7 +129,7 @@ def tiny_model(window=None):
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp)
-        return load_model(tmp)
+        return load_model(tmp, device=device)
 
 
 def check_model_with_triton_backend(kernels, window=None):

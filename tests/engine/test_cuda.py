@@ -23,8 +23,10 @@ from engine.sampling_params import SamplingParams
 from tests.tiny_models import GEMMA_CONFIGS, TINY_VOCAB, make_tiny_gemma
 
 from .row_ops_checks import ROW_OPS_CHECKS
-from .test_attention_triton import CHECKS
+from .test_attention_triton import CHECKS, TRITON_CASES
+from .test_attention_window import WINDOW_CASES
 from .test_llm_parity import PROMPTS, check_parity
+from .triton_quant_checks import QUANT_CHECKS, check_attention
 
 pytestmark = [
     pytest.mark.cuda,
@@ -72,6 +74,20 @@ def test_compiled_row_ops(name):
     from engine.attention.triton_row_ops import TritonRowOps
 
     ROW_OPS_CHECKS[name](TritonRowOps(), "cuda")
+
+
+@pytest.mark.parametrize("name", list(QUANT_CHECKS))
+def test_compiled_quantized_kv_kernels(name):
+    """The interpreter's checks of the kernels over packed pools (triton_quant_checks.py)."""
+    QUANT_CHECKS[name]("cuda")
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("case", [TRITON_CASES[3], WINDOW_CASES[6]], ids=["d64", "d256"])
+def test_quantized_attention_in_bfloat16_on_the_gpu(kv_dtype, case):
+    from engine.kv.quant import KV_FORMATS
+
+    check_attention(KV_FORMATS[kv_dtype], case, "cuda", dtype=torch.bfloat16)
 
 
 def test_store_kv_from_strided_views_on_the_gpu():
@@ -226,6 +242,16 @@ def test_decode_graphs_answer_as_eager_steps_on_cuda(make_llm, speculative):
     assert on == off
     graphs = llm.engine.runner.graphs
     assert graphs is not None and graphs.num_replayed > 0 and graphs.num_eager > 0
+    assert _released(llm)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3", "fp8_e5m2"])
+def test_quantized_kv_decode_graphs_answer_as_eager_steps_on_cuda(make_llm, kv_cache_dtype):
+    """A packed pool (its scratch block taking the padding rows): graphs on and off agree."""
+    llm, on, off = _graphs_on_and_off(make_llm, kv_cache_dtype=kv_cache_dtype, max_num_seqs=8)
+    assert on == off
+    assert llm.engine.kv.kv_cache.tensor.dtype == torch.uint8
+    assert llm.engine.runner.graphs.num_replayed > 0
     assert _released(llm)
 
 

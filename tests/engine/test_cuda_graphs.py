@@ -14,6 +14,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.cuda_graphs.backends import EagerReplayBackend
 from engine.cuda_graphs.layout import bucket_sizes, pad_layout
 from engine.kv.paged_cache import KVCache
+from engine.kv.quant import KV_FORMATS, KVFormat
 from engine.sampling_params import SamplingParams
 
 BLOCK = 4
@@ -65,7 +66,7 @@ def _tables() -> list[list[int]]:
     return tables
 
 
-def _prefilled(model) -> KVCache:
+def _prefilled(model, kv_format: KVFormat | None = None) -> KVCache:
     kv = KVCache(
         model.config.num_hidden_layers,
         48,
@@ -74,6 +75,7 @@ def _prefilled(model) -> KVCache:
         model.config.head_dim,
         model.dtype,
         scratch_block=True,
+        kv_format=kv_format,
     )
     meta = build_attention_metadata(PROMPT_LENS, PROMPT_LENS, _tables(), BLOCK)
     ids = torch.randint(3, 250, (sum(PROMPT_LENS),), generator=torch.Generator().manual_seed(0))
@@ -125,6 +127,33 @@ def test_padded_static_buffer_step_equals_the_eager_step(model, num_seqs, drafts
     assert torch.equal(kv.tensor[:, :, :scratch], eager_kv[:, :, :scratch])
 
 
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e5m2"])
+@pytest.mark.parametrize(("num_seqs", "drafts"), [(5, {}), (4, {3: 1})])
+def test_padded_step_over_a_quantized_pool_equals_the_eager_step(
+    tiny_models, kv_dtype, num_seqs, drafts
+):
+    """A packed pool (uint8 rows of codes and scale; its scratch block takes the padding rows'
+    quantized K/V) through the torch reference path: the padding changes no bit either."""
+    from engine.loader import load_model
+
+    fmt = KV_FORMATS[kv_dtype]
+    model = load_model(tiny_models["llama"])
+    model.use_kv_format(fmt, native=False)
+    kv = _prefilled(model, fmt)
+    assert kv.tensor.dtype == torch.uint8 and kv.tensor.shape[2] == 49
+    eager_kv = kv.tensor.clone()
+    graphs = DecodeGraphs(model, kv, 8, 4, 64, EagerReplayBackend())
+    graphs.capture()
+    ids, positions, meta = _step(num_seqs, drafts, seed=num_seqs)
+    want = model.compute_logits(model.forward(ids, positions, eager_kv, meta))
+    hidden = graphs.forward(ids, positions, meta)
+    assert hidden is not None and graphs.num_replayed == 1
+    assert torch.equal(model.compute_logits(hidden), want)
+    scratch = kv.scratch_block
+    assert torch.equal(kv.tensor[:, :, :scratch], eager_kv[:, :, :scratch])
+    assert kv.tensor[:, :, scratch].any()  # the padding rows' K/V went to the scratch block
+
+
 def test_steps_outside_the_buckets_run_eagerly(model):
     kv = _prefilled(model)
     graphs = DecodeGraphs(model, kv, 4, 2, 64, EagerReplayBackend())
@@ -146,13 +175,16 @@ def _prompts(n: int) -> list[list[int]]:
     return [head + [rng.randrange(3, 250) for _ in range(rng.randrange(3, 20))] for _ in range(n)]
 
 
-@pytest.mark.parametrize("speculative", ["off", "cache"])
-def test_engine_with_replayed_decode_steps_answers_as_eager(make_llm, speculative):
+@pytest.mark.parametrize(
+    ("speculative", "kv_cache_dtype"), [("off", "auto"), ("cache", "auto"), ("off", "int8")]
+)
+def test_engine_with_replayed_decode_steps_answers_as_eager(make_llm, speculative, kv_cache_dtype):
     """Whole generations (batches of every size as requests finish; with speculation, verify
     steps) with decode steps replayed from the static buffers give eager's tokens."""
     prompts = _prompts(6)
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     settings = {"max_num_seqs": 6, "speculative": speculative, "num_speculative_tokens": 3}
+    settings["kv_cache_dtype"] = kv_cache_dtype
     eager = make_llm(cuda_graphs=False, **settings)
     want = [r.outputs[0].token_ids for r in eager.generate(prompts + prompts, greedy)]
     assert eager.engine.kv.kv_cache.scratch_block is None  # graphs off: no block set aside
