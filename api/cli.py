@@ -248,6 +248,14 @@ def _tier_args(p: argparse.ArgumentParser) -> None:
         "requests get a 400)",
     )
     g.add_argument(
+        "--tier-kv-dtype",
+        default=TIERS.kv_dtype,
+        choices=[AUTO, *KV_FORMATS],
+        help="the rows the tiers hold: auto (the device pool's, as they are) or, under a pool of "
+        "the model dtype, quantized with a scale per token and head (about half the bytes; loads "
+        "dequantize); a quantized pool takes only auto or its own format",
+    )
+    g.add_argument(
         "--write-policy",
         default=TIERS.write_policy,
         choices=get_args(WritePolicy),
@@ -452,6 +460,7 @@ def tier_config(args: argparse.Namespace) -> Any:
         redis_ttl_s=args.redis_ttl or None,
         write_policy=args.write_policy,
         retained_bytes=args.retained_bytes,
+        kv_dtype=args.tier_kv_dtype,
     )
     return tiers if tiers.enabled else None
 
@@ -528,7 +537,8 @@ def describe_tiers(cfg: Any, device_blocks: int | None = None) -> str:
             parts.append(f"redis ({redacted_url(tiers.redis_url)}, {tiers.write_policy})")
     if not cfg.enable_prefix_caching:
         return "off (prefix caching disabled)"
-    return " -> ".join(parts)
+    rows = f" ({tiers.kv_dtype} rows)" if tiers is not None and tiers.kv_dtype != AUTO else ""
+    return " -> ".join(parts) + rows
 
 
 def admin_open(args: argparse.Namespace) -> bool:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.dtypes import AUTO, DTYPES
 from engine.kv.quant import KVFormat, kv_format
+from engine.kv.tier_format import tier_format
 from engine.speculative.config import (
     DEFAULT_MODE,
     DEFAULT_NUM_TOKENS,
@@ -81,6 +82,8 @@ class EngineConfig:
             raise ValueError("kv_cache_memory must be positive")
         _ = self.spec  # ValueError when invalid
         _ = self.kv_format  # ValueError when invalid
+        if self.tiers is not None:
+            tier_format(self.kv_format, self.tiers.kv_dtype)  # ValueError when refused
         if self.deterministic and self.device.startswith("cuda"):
             raise ValueError(
                 "deterministic mode runs on CPU only: its batch-invariant kernels (the native "

@@ -1,7 +1,9 @@
 """The engine's one table of dtype names (EngineConfig.dtype, Namespace.kv_dtype) -> torch dtypes.
 
 storage/ cannot import the engine; its codec reads names through torch itself and knows only its
-own wire codes (storage/codec.py DTYPE_CODES), so no second name table exists."""
+own wire codes (storage/codec.py DTYPE_CODES), so no second name table exists. The quantized KV
+formats' names (engine/kv/quant.py) it does keep, with their codes (PACKED_CODES; a test holds the
+two lists equal)."""
 
 from __future__ import annotations
 

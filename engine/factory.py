@@ -17,6 +17,7 @@ from engine.kv.admin import CacheAdmin
 from engine.kv.events import KVEventSink, ZmqEventPublisher
 from engine.kv.hybrid_cache import HybridKVCache, KVGroups
 from engine.kv.paged_cache import DTYPES, KVCache
+from engine.kv.tier_format import tier_format
 from engine.kv.tiers import KVTiers
 from engine.model_runner import ModelRunner
 from engine.sampler import Sampler
@@ -194,4 +195,5 @@ def _build_tiers(
         return None
     from storage.tiered import TieredStore
 
-    return KVTiers(TieredStore(config.tiers, observer=sink), kv_cache, windows)
+    fmt = tier_format(config.kv_format, config.tiers.kv_dtype)
+    return KVTiers(TieredStore(config.tiers, observer=sink), kv_cache, windows, fmt)

@@ -13,7 +13,9 @@ Public API (what the engine uses):
         .stats() -> StoreSnapshot(tiers={name: TierSnapshot}, store, pending_blocks, retention)
         .wait_idle()
     Tiers (HostTier, DiskTier, RedisTier): batch contains / get / put / delete by block hash.
-    Codec: encode_block(kv) -> bytes; decode_block(bytes, dtype, shape) -> tensor | CorruptBlock.
+    Codec: encode_block(kv, kv_format=None) -> bytes; decode_block(bytes, kv_format, shape) ->
+        tensor | CorruptBlock. A namespace's kv_dtype names its blocks' format (stored_format):
+        "bfloat16", or a quantized one of packed uint8 rows ("int8", "bfloat16@int8").
 A block's KV is kv_cache[:, :, block_id]: [num_layers, 2, block_size, num_kv_heads, head_dim].
 """
 

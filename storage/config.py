@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from storage.base import Tier
+from storage.codec import PACKED_CODES
 from storage.disk import DiskTier
 from storage.host import HostTier
 from storage.redis_tier import RedisTier
@@ -29,7 +30,11 @@ class TierConfig:
 
     write-back (default): a block evicted from the device goes to the highest tier; each tier's
     evictions spill into the next one. write-through: additionally every stored block is written to
-    Redis at once (replicas share it); evictions then spill host -> disk only."""
+    Redis at once (replicas share it); evictions then spill host -> disk only.
+
+    kv_dtype: the rows the tiers hold. auto: the device pool's, bit for bit; int8 / fp8_e4m3 /
+    fp8_e5m2: a pool of the model's dtype stores blocks quantized (engine/kv/tier_format.py), about
+    half the bytes, and loads dequantize them."""
 
     host_bytes: int = 0
     disk_path: Path | str | None = None
@@ -46,8 +51,12 @@ class TierConfig:
     disk_fsync: DiskFsync = "none"  # per-file: fsync each block file and its folder (see disk.py)
     retained_bytes: int = 1 << 30  # prompt_cache_retention's budget in the persistent tier
     retain_s: int = RETAIN_S
+    kv_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.kv_dtype != "auto" and self.kv_dtype not in PACKED_CODES:
+            choices = ("auto", *PACKED_CODES)
+            raise ValueError(f"tier kv dtype must be one of {choices}, got {self.kv_dtype!r}")
         if self.write_policy not in ("write-back", "write-through"):
             raise ValueError(
                 f"write_policy must be write-back or write-through, not {self.write_policy!r}"

@@ -26,7 +26,7 @@ import torch
 
 from radixcache.shared.tier_names import TierName
 from storage.base import RetainingTier, Tier
-from storage.codec import CorruptBlock, decode_block
+from storage.codec import CorruptBlock, decode_block, stored_format
 from storage.config import TierConfig
 from storage.loading import LoadJob, leading_run, segments
 from storage.pacing import LoadPacer
@@ -154,8 +154,9 @@ class TieredStore:
         shape: tuple[int, ...] | None = None,
     ) -> PendingLoad:
         """Starts loading the longest run of leading `hashes` found across the tiers (each block
-        from the fastest tier holding it), decoded and checked against ns.kv_dtype (and `shape` if
-        given); returns at once. Disk/Redis hits are promoted into the top tier."""
+        from the fastest tier holding it), decoded and checked against the format ns.kv_dtype
+        names (codec.stored_format; and `shape` if given); returns at once. Disk/Redis hits are
+        promoted into the top tier."""
         deadline = time.monotonic() + (self.config.deadline_s if deadline_s is None else deadline_s)
         job = LoadJob(ns, list(hashes), shape, deadline)
         if not hashes or not self.tiers:
@@ -263,7 +264,8 @@ class TieredStore:
         if value is None:
             return None
         try:
-            return decode_block(value, job.ns.kv_dtype, job.shape, verify=False)
+            fmt = stored_format(job.ns.kv_dtype)
+            return decode_block(value, fmt, job.shape, verify=False)
         except CorruptBlock:
             tier.stats.corrupt += 1
             tier.delete(job.ns, [h])

@@ -20,7 +20,7 @@ import torch
 
 from radixcache.shared.tier_names import TierName
 from storage.base import RetainingTier, Tier
-from storage.codec import encode_block
+from storage.codec import encode_block, stored_format
 
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
@@ -133,7 +133,8 @@ class TierWriter:
         observer hears of those the tier lacked (as _put: written or refused)."""
         hashes = [h for h, _ in items]
         present = tier.contains(ns, hashes) if self.observer is not None else []
-        tier.retain(ns, [(h, encode_block(kv)) for h, kv in items])
+        fmt = stored_format(ns.kv_dtype)
+        tier.retain(ns, [(h, encode_block(kv, fmt)) for h, kv in items])
         new = [h for h, has in zip(hashes, present, strict=True) if not has]
         if self.observer is not None and new:
             self.observer.stored(tier.name, ns, new)
@@ -149,8 +150,9 @@ class TierWriter:
         encoded = {} if encoded is None else encoded
         present = tier.contains(ns, [h for h, _ in items])
         missing = [(h, kv) for (h, kv), has in zip(items, present, strict=True) if not has]
+        fmt = stored_format(ns.kv_dtype)  # a packed format's blocks are tagged as such
         for h, kv in missing:
             if h not in encoded:
-                encoded[h] = encode_block(kv)
+                encoded[h] = encode_block(kv, fmt)
         self._put(tier, ns, [(h, encoded[h]) for h, _ in missing])
         return encoded

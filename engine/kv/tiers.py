@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.kv.hybrid_cache import HybridKVCache
+from engine.kv.tier_format import AsPool, TierFormat
 from radixcache.window_blocks import NULL_BLOCK
 from storage.pacing import STEP_SHARE
 
@@ -48,31 +49,42 @@ class TierLoad:
 class KVTiers:
     """With a hybrid KV cache a stored block holds every layer's KV, in layer order: a block
     whose windowed twin was evicted on its own is not spilled (a load stops there, and what
-    follows is recomputed)."""
+    follows is recomputed).
+
+    `fmt` (--tier-kv-dtype) says what the tiers hold of a device block and under which
+    namespace: the manager's namespaces are the device's, the store sees fmt.namespace's."""
 
     def __init__(
-        self, store: TieredStore, kv_cache: KVCache, windows: WindowBlocks | None = None
+        self,
+        store: TieredStore,
+        kv_cache: KVCache,
+        windows: WindowBlocks | None = None,
+        fmt: TierFormat | None = None,
     ) -> None:
         self.store = store
         self.kv_cache = kv_cache
         self.windows = windows
+        self.fmt = AsPool() if fmt is None else fmt
         t = kv_cache.tensor
         num_layers = t.shape[0]
         if isinstance(kv_cache, HybridKVCache):
             num_layers += kv_cache.window_tensor.shape[0]
-        self.block_shape = (num_layers, t.shape[1], *t.shape[3:])  # [layers, 2, bs, Hkv, D]
+        pool_shape = (num_layers, t.shape[1], *t.shape[3:])  # [layers, 2, bs, Hkv, row]
+        self.block_shape = self.fmt.block_shape(pool_shape)  # what the tiers store
         # while sequences decode, loaded blocks are copied in for at most this share of a step
         # (at least one block a step), so a long load goes in over a few steps, not one stall
         self.install_share = STEP_SHARE
         self.pacer = store.pacer  # its step time sizes that share
-        self._copy_s = math.prod(self.block_shape) * t.element_size() / 4e9  # per block (EMA)
+        moved = self.fmt.install_bytes(math.prod(pool_shape), t.element_size())
+        self._copy_s = moved / 4e9  # per block (EMA)
 
     def _block_kv(self, block_id: int, window_block: int) -> torch.Tensor | None:
+        """A device block as the tiers store it (None: its windowed twin is gone)."""
         if isinstance(self.kv_cache, HybridKVCache):
             if window_block == NULL_BLOCK:
                 return None
-            return self.kv_cache.block_kv(block_id, window_block)
-        return self.kv_cache.tensor[:, :, block_id]
+            return self.fmt.down(self.kv_cache.block_kv(block_id, window_block))
+        return self.fmt.down(self.kv_cache.tensor[:, :, block_id])
 
     # --- CacheListener ---
     def blocks_evicted(self, evicted: list[EvictedBlock]) -> None:
@@ -84,7 +96,7 @@ class KVTiers:
             if kv is not None:
                 by_ns[b.namespace].append((b.block_hash, kv))
         for ns, items in by_ns.items():
-            self.store.store(ns, items)
+            self.store.store(self.fmt.namespace(ns), items)
 
     def blocks_committed(self, committed: Committed) -> None:
         """Write-through: freshly computed tree blocks go to the shared tier at once."""
@@ -99,7 +111,7 @@ class KVTiers:
                 break  # hashes chain: a block after a missing one could not be loaded
             items.append((committed.hashes[i], kv))
         if items:
-            self.store.publish(committed.ns, items)
+            self.store.publish(self.fmt.namespace(committed.ns), items)
 
     def retain(self, ns: Namespace, hashes: list[int], block_ids: list[int]) -> None:
         """A retained request's prefix (tree blocks, in order) goes to the persistent tier."""
@@ -111,7 +123,7 @@ class KVTiers:
                 break  # hashes chain: a block after a missing one could not be loaded
             items.append((h, kv))
         if items:
-            self.store.retain(ns, items)
+            self.store.retain(self.fmt.namespace(ns), items)
 
     def twins_evicted(self, block_hashes: list[int]) -> None:
         """Nothing to spill: the block goes down whole, with its twin, or not at all."""
@@ -123,7 +135,8 @@ class KVTiers:
 
     def start_load(self, ns: Namespace, hashes: list[int]) -> TierLoad:
         """Starts loading the longest run of leading `hashes` the tiers hold (off this thread)."""
-        return TierLoad(self.store.start_load(ns, hashes, shape=self.block_shape))
+        tier_ns = self.fmt.namespace(ns)
+        return TierLoad(self.store.start_load(tier_ns, hashes, shape=self.block_shape))
 
     def write_some(self, load: TierLoad, decoding: bool) -> None:
         """Copies the next arrived blocks into their device blocks: while sequences decode, as
@@ -136,9 +149,10 @@ class KVTiers:
             end = min(end, start + max(1, int(budget / self._copy_s)))
         if end == start:
             return
-        ids, blocks = load.block_ids[start:end], load.arrived.blocks[start:end]
+        ids, arrived = load.block_ids[start:end], load.arrived.blocks[start:end]
         t0 = time.perf_counter()
         kv_cache = self.kv_cache
+        blocks = [self.fmt.up(kv, kv_cache.tensor) for kv in arrived]
         if isinstance(kv_cache, HybridKVCache):
             for f, w, kv in zip(ids, load.window_ids[start:end], blocks, strict=True):
                 kv_cache.write_block(f, w, kv)
@@ -149,7 +163,7 @@ class KVTiers:
 
     def lookup(self, ns: Namespace, hashes: list[int]) -> dict[str, int]:
         """Tokens of the leading run of `hashes` per tier (no data read)."""
-        return self.store.lookup_tokens(ns, hashes)
+        return self.store.lookup_tokens(self.fmt.namespace(ns), hashes)
 
     def close(self) -> None:
         """Finishes queued tier writes and stops the tier threads."""

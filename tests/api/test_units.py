@@ -78,6 +78,22 @@ def test_serve_options_map_to_configs(tmp_path) -> None:
     assert parse_api_keys(args.api_key) == {"sk-1": "team"}
 
 
+def test_tier_kv_dtype_maps_and_a_second_quantized_format_is_refused(tmp_path) -> None:
+    parser = build_parser()
+    args = parser.parse_args(
+        ["serve", "--no-disk", "--host-tier-bytes", "1M", "--tier-kv-dtype", "int8"]
+    )
+    assert tier_config(args).kv_dtype == "int8"
+    assert engine_config(args, tmp_path).tiers.kv_dtype == "int8"
+    assert (
+        tier_config(parser.parse_args(["serve", "--disk-path", str(tmp_path)])).kv_dtype == "auto"
+    )
+    both = ["serve", "--disk-path", str(tmp_path), "--kv-cache-dtype", "int8"]
+    assert engine_config(parser.parse_args([*both, "--tier-kv-dtype", "int8"]), tmp_path)
+    with pytest.raises(ValueError, match="--tier-kv-dtype fp8_e4m3 with --kv-cache-dtype int8"):
+        engine_config(parser.parse_args([*both, "--tier-kv-dtype", "fp8_e4m3"]), tmp_path)
+
+
 def test_help_documents_every_option(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["serve", "--help"])
@@ -89,6 +105,7 @@ def test_help_documents_every_option(capsys) -> None:
         "--disk-path",
         "--redis-url",
         "--write-policy",
+        "--tier-kv-dtype",
         "--api-key",
         "--admin-key",
         "--port",

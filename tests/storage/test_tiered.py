@@ -235,3 +235,29 @@ def test_publish_writes_computed_blocks_to_redis_only_when_write_through(
     assert redis.stats.blocks_written == 3 and host.contains(ns, h) == [True] * 3
     back.close()
     through.close()
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "bfloat16@fp8_e4m3"])
+def test_packed_blocks_go_down_and_come_back_bit_for_bit(tmp_path: Path, kv_dtype: str) -> None:
+    """A namespace whose kv_dtype names a quantized format: the writer tags its uint8 blocks with
+    it, the loader accepts only that format; the budgets count the encoded bytes."""
+    ns = Namespace(model_id="tiny-test-model", kv_dtype=kv_dtype, block_size=4)
+    shape = (*BLOCK_SHAPE[:-1], BLOCK_SHAPE[-1] + 4)
+    gen = torch.Generator().manual_seed(0)
+    kv = [torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8) for _ in range(4)]
+    value_bytes = HEADER_SIZE + kv[0].numel()
+    cfg = TierConfig(host_bytes=2 * value_bytes, disk_path=tmp_path / "disk")
+    store = TieredStore(cfg)
+    h = chain(ns, 4)
+    store.store(ns, list(zip(h, kv, strict=True)))
+    assert store.wait_idle(10)
+    host, disk = store.tiers
+    assert host.used_bytes() == 2 * value_bytes and disk.used_bytes() == 2 * value_bytes
+    result = store.load_prefix(ns, h, shape=shape)
+    assert result.tiers == ["disk", "disk", "host", "host"]
+    assert all(torch.equal(a, b) for a, b in zip(result.blocks, kv, strict=True))
+    other = Namespace(model_id="tiny-test-model", kv_dtype="fp8_e5m2", block_size=4)
+    disk.put(other, [(h[0], encode_block(kv[0], "int8"))])  # another format under its key
+    assert store.load_prefix(other, h[:1]).tiers == []
+    assert disk.stats.corrupt == 1
+    store.close()
