@@ -30,6 +30,15 @@ QUICK_REQUESTS = 400
 PREFILL_SOURCE = RESULTS / "bench_model.json"  # its prefill-1024 bfloat16 row
 PREFILL_ROW = ("prefill-1024", "bfloat16")
 SHM = "/dev/shm"
+COST_HEADER = [
+    "tier",
+    "load us",
+    "min us",
+    "recompute us",
+    "recompute/load",
+    "spill us",
+    "replay get us",
+]
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +55,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help=f"recompute cost (default: {PREFILL_SOURCE.name}, {' '.join(PREFILL_ROW)} row)",
     )
     g.add_argument("--cost-blocks", type=int, default=64, help="blocks per load-cost load")
+    g.add_argument(
+        "--cost-threads",
+        type=int,
+        default=1,
+        help="torch threads while the load costs are measured (tier_load_cost.measure)",
+    )
     g.add_argument(
         "--tier-kv-dtype",
         default="auto",
@@ -178,21 +193,18 @@ def print_tables(rows: list[dict], result: ReplayResult, unique: int) -> None:
     )
     bi.print_table(
         f"Cost of a tier hit per {BS}-token block of the default model (bf16, "
-        f"{tier_load_cost.model_block_bytes():,} B), median: load + copy into the pool, against "
-        "the prefill it saves; replay get: the tier's read in the replay above (its tiny blocks)",
-        ["tier", "load us", "recompute us", "recompute/load", "spill us", "replay get us"],
-        [
-            [
-                r["tier"],
-                r["load_us"],
-                r["recompute_us"],
-                r["recompute_over_load"],
-                r["spill_us"],
-                "" if r["replay_get_us"] is None else r["replay_get_us"],
-            ]
-            for r in costs
-        ],
+        f"{tier_load_cost.model_block_bytes():,} B): load + copy into the pool (median and "
+        "fastest of the reps) against the prefill it saves; replay get: the tier's read in the "
+        "replay above (its tiny blocks)",
+        COST_HEADER,
+        [cost_cells(r) for r in costs],
     )
+
+
+def cost_cells(r: dict) -> list:
+    get = "" if r["replay_get_us"] is None else r["replay_get_us"]
+    return [r["tier"], r["load_us"], r["load_us_min"], r["recompute_us"],
+            r["recompute_over_load"], r["spill_us"], get]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -214,7 +226,7 @@ def measure(args: argparse.Namespace, replay_root: Path, cost_root: Path) -> Rep
     sizes = sizes_for(unique, args)
     result = replay_tiers(trace, sizes, replay_root / "disk", args.policy)
     cost_blocks, reps = (8, 3) if args.quick else (args.cost_blocks, 7)
-    costs = tier_load_cost.measure(cost_root, cost_blocks, reps)
+    costs = tier_load_cost.measure(cost_root, cost_blocks, reps, args.cost_threads)
     rows = hit_rows(result, sizes) + bounds(trace, sizes, args.policy)
     rows += cost_rows(costs, prefill, result)
     meta = {
@@ -229,6 +241,7 @@ def measure(args: argparse.Namespace, replay_root: Path, cost_root: Path) -> Rep
         "tier_kv_dtype": args.tier_kv_dtype,
         "prefill_ms_per_token": prefill.ms_per_token,
         "prefill_source": prefill.source,
+        "cost_threads": args.cost_threads,
         "replay_disk": "tmpfs" if str(replay_root).startswith(SHM) else "disk",
         "replay_seconds": result.seconds,
         "loads": asdict(result.loads),

@@ -106,6 +106,14 @@ def measure_tier(kind: str, root: Path, blocks: int, reps: int) -> list[LoadCost
         store.close()
 
 
-def measure(root: Path, blocks: int, reps: int) -> list[LoadCost]:
-    """Per-block spill and load costs of the host and disk tiers at the model's block size."""
-    return [c for kind in ("host", "disk") for c in measure_tier(kind, root / kind, blocks, reps)]
+def measure(root: Path, blocks: int, reps: int, threads: int) -> list[LoadCost]:
+    """Per-block spill and load costs of the host and disk tiers at the model's block size, with
+    `threads` torch threads (each block's copy is a parallel region of its own: with two threads
+    on a shared two-core machine, each one waits out a scheduler slice at the OpenMP barrier
+    whenever another process holds the other core)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return [c for k in ("host", "disk") for c in measure_tier(k, root / k, blocks, reps)]
+    finally:
+        torch.set_num_threads(before)
