@@ -1,10 +1,12 @@
 """Eviction policies and the online miss-ratio curve on the Mooncake trace and synthetic workloads.
 
 Run: python -m benchmarks.bench_policy. Prints tables, writes benchmarks/results/policy.json.
+With --tiers: the trace through the real KV manager and spill tiers instead (policy_tiers.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import json
 import random
@@ -16,6 +18,7 @@ from pathlib import Path
 from sortedcontainers import SortedList
 
 from benchmarks import bench_index as bi
+from benchmarks import policy_tiers
 from radixcache import Namespace, PrefixCache, block_hashes
 from radixcache.policy import FrequencyAgeingPolicy, LRUPolicy
 from radixcache.policy_learned import LearnedReusePolicy
@@ -318,6 +321,13 @@ def mrc_overhead_small_blocks(pairs: int = 41) -> dict:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tiers", action="store_true", help="the tier-aware replay")
+    policy_tiers.add_args(parser)
+    args = parser.parse_args()
+    if args.tiers:
+        policy_tiers.run(args)
+        return
     out: dict = {"synthetic": synthetic_tables()}
     trace = bi.load_trace()
     out["mooncake"] = mooncake_table(trace)
