@@ -12,7 +12,8 @@ import torch
 from benchmarks import bench_index as bi
 from benchmarks.bench_model import BLOCK, time_step
 from engine.kv.paged_cache import KVCache, bytes_per_block
-from engine.kv.quant import KVFormat, dequantize, quantize
+from engine.kv.quant import KVFormat, quantize
+from engine.kv.tier_format import tier_format
 from radixcache.policy import LRUPolicy
 from storage.codec import decode_block, encode_block
 
@@ -59,7 +60,8 @@ def load_row(
     """A block stored in `fmt` and loaded into a pool of `pool_fmt` rows: its encoded bytes, and
     the load's cost (checksum, decode, dequantize where the pool is not quantized, copy into the
     pool), per block and as GB/s of stored bytes."""
-    value = encode_block(_stored_block(mc, dtype, fmt))
+    value = encode_block(_stored_block(mc, dtype, fmt), fmt.name if fmt else None)
+    tier = tier_format(pool_fmt, fmt.name if fmt else "auto")
     pool = KVCache(
         mc.num_hidden_layers, 4, BLOCK, mc.num_key_value_heads, mc.head_dim, dtype, "cpu",
         kv_format=pool_fmt,
@@ -67,9 +69,7 @@ def load_row(
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        block = decode_block(value)
-        if fmt is not None and pool_fmt is None:
-            block = dequantize(block, fmt, dtype)
+        block = tier.up(decode_block(value), pool.tensor)
         pool.write_blocks([1], [block])
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
