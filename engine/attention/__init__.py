@@ -72,7 +72,9 @@ def make_attention_backend(
     through the prefill kernel, so outputs do not depend on batching, chunking or cache hits
     (EngineConfig.deterministic); an error where that kernel is missing, and on CUDA.
     kv_format: the pool holds quantized rows (engine/kv/quant.py), read by kernels of their own:
-    triton on CUDA, the native kernel on CPU (torch's dequantizing reference with native=False)."""
+    triton on CUDA; on CPU the native kernel wherever it builds (native None or True; it is
+    batch-invariant, so invariant mode runs it too), torch's dequantizing reference with
+    native=False."""
     if kv_format is not None:
         return _quantized_backend(device, native, invariant, kv_format)
     if torch.device(device).type == "cuda":
@@ -111,11 +113,21 @@ def _quantized_backend(
         from engine.attention.triton_backend import TritonAttention
 
         return TritonAttention(kv_format)
-    if native is not True and not invariant:  # TODO: the native kernel where it builds
-        from engine.attention.quant_reference import DequantizingAttention
+    module = load_native() if native is not False else None
+    if module is not None:
+        from engine.attention.quant_backend import QuantizedAttention
 
-        return DequantizingAttention(kv_format)
-    raise RuntimeError(f"no native kernel reads {kv_format.name} KV blocks yet")
+        return QuantizedAttention(module, kv_format)
+    if native:
+        raise RuntimeError("the native attention kernel could not be built on this machine")
+    if invariant:
+        raise RuntimeError(
+            f"deterministic mode needs the native kernel for {kv_format.name} KV blocks, "
+            "which is not built here"
+        )
+    from engine.attention.quant_reference import DequantizingAttention
+
+    return DequantizingAttention(kv_format)
 
 
 __all__ = [

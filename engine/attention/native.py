@@ -16,13 +16,19 @@ from pathlib import Path
 
 import torch
 
+from engine.kv.quant import KVFormat
+
 log = logging.getLogger(__name__)
 
 SOURCES = (
     Path(__file__).parent / "csrc" / "paged_attention.cpp",
     Path(__file__).parent / "csrc" / "row_ops.cpp",  # a decoder layer's row-wise ops
+    Path(__file__).parent / "csrc" / "quant_attention.cpp",  # over quantized KV blocks
 )
-HEADERS = (Path(__file__).parent / "csrc" / "vec_exp.h",)  # included by the sources
+HEADERS = (  # included by the sources
+    Path(__file__).parent / "csrc" / "vec_exp.h",
+    Path(__file__).parent / "csrc" / "kv_quant.h",
+)
 # -fopenmp: at::parallel_for is OpenMP inline code, serial without it; libgomp.so.1 is the copy
 # torch already loaded (same soname), so the kernels share torch's thread pool and thread count
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
@@ -144,6 +150,63 @@ class NativeKernels:
         slots: torch.Tensor,  # int64 [T]
     ) -> torch.Tensor:  # [T, Hq + Hkv, D]: qk roped; its k heads and v stored at the slots
         return torch.ops.radixcache.rope_store_kv.default(qk, v, cos, sin, k_cache, v_cache, slots)
+
+    @staticmethod
+    def rope_store_kv_q(
+        qk: torch.Tensor,  # [T, Hq + Hkv, D], heads of D contiguous values
+        v: torch.Tensor,  # [T, Hkv, D]
+        cos: torch.Tensor,  # [T, 1, D]: [cos, cos, 1...]
+        sin: torch.Tensor,  # [T, 1, rotary_dim / 2]
+        k_cache: torch.Tensor,  # uint8 [num_blocks, bs, Hkv, D + 4], contiguous
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,  # int64 [T]
+        fmt: KVFormat,
+    ) -> torch.Tensor:  # [T, Hq + Hkv, D]: qk roped; its k heads and v quantized at the slots
+        return torch.ops.radixcache.rope_store_kv_q.default(
+            qk, v, cos, sin, k_cache, v_cache, slots, fmt.code
+        )
+
+    @staticmethod
+    def quantize_store_kv(
+        k: torch.Tensor,  # [T, Hkv, D] (any float dtype; heads of D contiguous values)
+        v: torch.Tensor,
+        k_cache: torch.Tensor,  # uint8 [num_blocks, bs, Hkv, D + 4], contiguous
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,  # int64 [T]
+        fmt: KVFormat,
+    ) -> None:
+        """k and v quantized (bit for bit as engine/kv/quant.py's quantize) into the slots."""
+        torch.ops.radixcache.quantize_store_kv.default(k, v, k_cache, v_cache, slots, fmt.code)
+
+    @staticmethod
+    def paged_attention_q(
+        q: torch.Tensor,  # [T, Hq, D] (each token's heads contiguous)
+        k_cache: torch.Tensor,  # uint8 [num_blocks, bs, Hkv, D + 4] rows of fmt
+        v_cache: torch.Tensor,
+        out: torch.Tensor,  # [T, Hq, D] of q's dtype: rows of the listed sequences are written
+        q_starts: torch.Tensor,  # int32 [N]: first row of each sequence's new tokens
+        q_lens: torch.Tensor,  # int32 [N]
+        seq_lens: torch.Tensor,  # int32 [N]: new token i sits at seq_len - q_len + i
+        block_tables: torch.Tensor,  # int32 [N, max_blocks]
+        scale: float,
+        window: int | None,  # token at p attends keys [max(0, p - window + 1), p]
+        fmt: KVFormat,
+    ) -> None:
+        """Prefill and decode over quantized blocks, dequantized in the kernel; each row's bits
+        depend on its q, position and keys only (batch-, chunk- and cache-invariant)."""
+        torch.ops.radixcache.paged_attention_q(
+            q,
+            k_cache,
+            v_cache,
+            out,
+            q_starts,
+            q_lens,
+            seq_lens,
+            block_tables,
+            scale,
+            window,
+            fmt.code,
+        )
 
     @staticmethod
     def paged_decode(

@@ -115,6 +115,8 @@ class NativeRowOps(RowOps):
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> torch.Tensor:
-        if self.kv_format is not None:  # TODO(native quantized store)
-            return super().rope_store_kv(qk, v, cos, sin, k_cache, v_cache, slot_mapping)
+        if self.kv_format is not None:
+            return self.native.rope_store_kv_q(
+                qk, v, cos, sin, k_cache, v_cache, slot_mapping, self.kv_format
+            )
         return self.native.rope_store_kv(qk, v, cos, sin, k_cache, v_cache, slot_mapping)

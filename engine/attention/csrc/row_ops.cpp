@@ -1,6 +1,7 @@
 // A decoder layer's row-wise ops, each one dispatch instead of a chain of small torch ops: RMSNorm
 // (alone and after the residual add), SiLU(gate) * up, and rope of the q and k heads with the
-// k and v rows stored into the paged KV cache. Each row is computed alone, in float32, in a fixed
+// k and v rows stored into the paged KV cache (quantized into a quantized pool: kv_quant.h, each
+// row once). Each row is computed alone, in float32, in a fixed
 // order (16 lanes on AVX-512, then the lanes summed in a fixed tree): a row's bits never depend on
 // how many rows share the call (what the deterministic mode needs). Rounding follows the torch
 // reference (engine/models/row_ops.py), which rounds to the activations' dtype after each op:
@@ -21,6 +22,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kv_quant.h"
 #include "vec_exp.h"
 
 #ifdef __AVX512F__
@@ -195,11 +197,12 @@ struct RopeShape {
   int64_t qk_token, qk_head, v_token, v_head, cos_token, sin_token;
 };
 
-// out [T, heads, d] = rope of qk's heads; k heads (the last kv_heads) and v rows -> caches at slots
-template <typename T>
-void rope_store_kv_rows(const T* qk, const T* v, const T* cos, const T* sin, T* out, T* k_cache,
-                        T* v_cache, const int64_t* slots, const RopeShape& sh) {
-  const int64_t row = sh.kv_heads * sh.d, first_k = sh.heads - sh.kv_heads;
+// out [T, heads, d] = rope of qk's heads; store(t, its roped k heads [kv_heads, d], its v rows)
+// writes token t's keys and values to the caches
+template <typename T, typename Store>
+void rope_rows(const T* qk, const T* v, const T* cos, const T* sin, T* out, const RopeShape& sh,
+               const Store& store) {
+  const int64_t first_k = sh.heads - sh.kv_heads;
   at::parallel_for(0, sh.tokens, rows_per_task(sh.heads * sh.d), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const T* c = cos + t * sh.cos_token;
@@ -207,10 +210,35 @@ void rope_store_kv_rows(const T* qk, const T* v, const T* cos, const T* sin, T* 
       T* o = out + t * sh.heads * sh.d;
       for (int64_t h = 0; h < sh.heads; ++h)
         rope_head(qk + t * sh.qk_token + h * sh.qk_head, c, s, o + h * sh.d, sh.half, sh.d);
-      std::memcpy(k_cache + slots[t] * row, o + first_k * sh.d, row * sizeof(T));
-      for (int64_t h = 0; h < sh.kv_heads; ++h)
-        std::memcpy(v_cache + slots[t] * row + h * sh.d, v + t * sh.v_token + h * sh.v_head,
-                    sh.d * sizeof(T));
+      store(t, o + first_k * sh.d, v + t * sh.v_token);
+    }
+  });
+}
+
+// the k heads and v rows as they are, into caches [num_blocks, bs, kv_heads, d] of T
+template <typename T>
+void rope_store_kv_rows(const T* qk, const T* v, const T* cos, const T* sin, T* out, T* k_cache,
+                        T* v_cache, const int64_t* slots, const RopeShape& sh) {
+  const int64_t row = sh.kv_heads * sh.d;
+  rope_rows(qk, v, cos, sin, out, sh, [&](int64_t t, const T* k, const T* vt) {
+    std::memcpy(k_cache + slots[t] * row, k, row * sizeof(T));
+    for (int64_t h = 0; h < sh.kv_heads; ++h)
+      std::memcpy(v_cache + slots[t] * row + h * sh.d, vt + h * sh.v_head, sh.d * sizeof(T));
+  });
+}
+
+// the k heads and v rows quantized (kv_quant.h), into uint8 caches [num_blocks, bs, kv_heads,
+// d + 4]
+template <typename T>
+void rope_store_kv_q_rows(const T* qk, const T* v, const T* cos, const T* sin, T* out,
+                          uint8_t* k_cache, uint8_t* v_cache, const int64_t* slots,
+                          const RopeShape& sh, int64_t format) {
+  const int64_t packed = sh.d + radixcache::kvq::SCALE_BYTES;
+  rope_rows(qk, v, cos, sin, out, sh, [&](int64_t t, const T* k, const T* vt) {
+    for (int64_t h = 0; h < sh.kv_heads; ++h) {
+      const int64_t at = (slots[t] * sh.kv_heads + h) * packed;
+      radixcache::kvq::quantize_row(k + h * sh.d, sh.d, format, k_cache + at);
+      radixcache::kvq::quantize_row(vt + h * sh.v_head, sh.d, format, v_cache + at);
     }
   });
 }
@@ -275,40 +303,73 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
 }
 
 // qk [T, Hq + Hkv, D] and v [T, Hkv, D] (any token and head strides, D contiguous), cos [T, 1, D]
-// ([cos, cos, 1...]), sin [T, 1, half], caches [num_blocks, bs, Hkv, D] (contiguous), slots int64
-// [T] -> roped qk as a new [T, Hq + Hkv, D]; its k heads and v stored at each token's slot
+// ([cos, cos, 1...]), sin [T, 1, half], slots int64 [T] -> the rope's shape; row: a cache row's
+// last dimension (D, or D + 4 for quantized rows)
+RopeShape rope_shape(const torch::Tensor& qk, const torch::Tensor& v, const torch::Tensor& cos,
+                     const torch::Tensor& sin, const torch::Tensor& k_cache,
+                     const torch::Tensor& v_cache, const torch::Tensor& slots, int64_t row,
+                     const char* op) {
+  TORCH_CHECK(qk.dim() == 3 && v.dim() == 3 && qk.stride(2) == 1 && v.stride(2) == 1, op,
+              ": qk [T, H, D] and v [T, Hkv, D] with contiguous heads");
+  const int64_t t = qk.size(0), heads = qk.size(1), d = qk.size(2), hkv = v.size(1);
+  TORCH_CHECK(v.size(0) == t && v.size(2) == d && hkv < heads, op, ": v's shape");
+  TORCH_CHECK(cos.numel() == t * d && sin.dim() == 3 && sin.size(0) == t && 2 * sin.size(2) <= d &&
+                  cos.stride(2) == 1 && sin.stride(2) == 1,
+              op, ": cos [T, 1, D] and sin [T, 1, half]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 &&
+                  k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == hkv &&
+                  k_cache.size(3) == row,
+              op, ": caches [num_blocks, bs, Hkv, ", row == d ? "D" : "D + 4", "], contiguous");
+  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == t && slots.scalar_type() == torch::kLong &&
+                  slots.is_contiguous(),
+              op, ": slots int64 [T]");
+  for (auto x : {v, cos, sin})
+    TORCH_CHECK(x.scalar_type() == qk.scalar_type(), op, ": qk, v, cos and sin of one dtype");
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  for (int64_t i = 0; i < t; ++i)
+    TORCH_CHECK(sp[i] >= 0 && sp[i] < num_slots, op, ": slot out of range");
+  return RopeShape{t, heads, hkv, d, sin.size(2), qk.stride(0), qk.stride(1),
+                   v.stride(0), v.stride(1), cos.stride(0), sin.stride(0)};
+}
+
+// -> roped qk as a new [T, Hq + Hkv, D]; its k heads and v stored at each token's slot of the
+// caches [num_blocks, bs, Hkv, D] (contiguous, qk's dtype)
 torch::Tensor rope_store_kv(const torch::Tensor& qk, const torch::Tensor& v,
                             const torch::Tensor& cos, const torch::Tensor& sin,
                             torch::Tensor& k_cache, torch::Tensor& v_cache,
                             const torch::Tensor& slots) {
-  TORCH_CHECK(qk.dim() == 3 && v.dim() == 3 && qk.stride(2) == 1 && v.stride(2) == 1,
-              "rope_store_kv: qk [T, H, D] and v [T, Hkv, D] with contiguous heads");
-  const int64_t t = qk.size(0), heads = qk.size(1), d = qk.size(2), hkv = v.size(1);
-  TORCH_CHECK(v.size(0) == t && v.size(2) == d && hkv < heads, "rope_store_kv: v's shape");
-  TORCH_CHECK(cos.numel() == t * d && sin.dim() == 3 && sin.size(0) == t && 2 * sin.size(2) <= d &&
-                  cos.stride(2) == 1 && sin.stride(2) == 1,
-              "rope_store_kv: cos [T, 1, D] and sin [T, 1, half]");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 &&
-                  k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == hkv &&
-                  k_cache.size(3) == d,
-              "rope_store_kv: caches [num_blocks, bs, Hkv, D], contiguous");
-  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == t && slots.scalar_type() == torch::kLong &&
-                  slots.is_contiguous(),
-              "rope_store_kv: slots int64 [T]");
-  for (auto x : {v, cos, sin, k_cache, v_cache})
-    TORCH_CHECK(x.scalar_type() == qk.scalar_type(), "rope_store_kv: every tensor in qk's dtype");
-  const int64_t* sp = slots.data_ptr<int64_t>();
-  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
-  for (int64_t i = 0; i < t; ++i)
-    TORCH_CHECK(sp[i] >= 0 && sp[i] < num_slots, "rope_store_kv: slot out of range");
-  auto out = torch::empty({t, heads, d}, qk.options());
-  const RopeShape shape{t, heads, hkv, d, sin.size(2), qk.stride(0), qk.stride(1),
-                        v.stride(0), v.stride(1), cos.stride(0), sin.stride(0)};
+  const RopeShape shape =
+      rope_shape(qk, v, cos, sin, k_cache, v_cache, slots, qk.size(2), "rope_store_kv");
+  TORCH_CHECK(k_cache.scalar_type() == qk.scalar_type() && v_cache.scalar_type() == qk.scalar_type(),
+              "rope_store_kv: every tensor in qk's dtype");
+  auto out = torch::empty({shape.tokens, shape.heads, shape.d}, qk.options());
   by_dtype(qk, "rope_store_kv", [&](auto tag) {
     using T = decltype(tag);
     rope_store_kv_rows<T>(qk.data_ptr<T>(), v.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(),
-                          out.data_ptr<T>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(), sp,
-                          shape);
+                          out.data_ptr<T>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
+                          slots.data_ptr<int64_t>(), shape);
+  });
+  return out;
+}
+
+// rope_store_kv into quantized caches: uint8 [num_blocks, bs, Hkv, D + 4] rows of `format`
+// (KVFormat.code), each row quantized once, as engine/kv/quant.py's quantize
+torch::Tensor rope_store_kv_q(const torch::Tensor& qk, const torch::Tensor& v,
+                              const torch::Tensor& cos, const torch::Tensor& sin,
+                              torch::Tensor& k_cache, torch::Tensor& v_cache,
+                              const torch::Tensor& slots, int64_t format) {
+  TORCH_CHECK(radixcache::kvq::valid_format(format), "rope_store_kv_q: format 0, 1 or 2");
+  const RopeShape shape = rope_shape(qk, v, cos, sin, k_cache, v_cache, slots,
+                                     qk.size(2) + radixcache::kvq::SCALE_BYTES, "rope_store_kv_q");
+  TORCH_CHECK(k_cache.scalar_type() == torch::kUInt8 && v_cache.scalar_type() == torch::kUInt8,
+              "rope_store_kv_q: uint8 caches");
+  auto out = torch::empty({shape.tokens, shape.heads, shape.d}, qk.options());
+  by_dtype(qk, "rope_store_kv_q", [&](auto tag) {
+    using T = decltype(tag);
+    rope_store_kv_q_rows<T>(qk.data_ptr<T>(), v.data_ptr<T>(), cos.data_ptr<T>(),
+                            sin.data_ptr<T>(), out.data_ptr<T>(), k_cache.data_ptr<uint8_t>(),
+                            v_cache.data_ptr<uint8_t>(), slots.data_ptr<int64_t>(), shape, format);
   });
   return out;
 }
@@ -322,6 +383,9 @@ TORCH_LIBRARY_FRAGMENT(radixcache, m) {
   m.def(
       "rope_store_kv(Tensor qk, Tensor v, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
       "Tensor(b!) v_cache, Tensor slots) -> Tensor");
+  m.def(
+      "rope_store_kv_q(Tensor qk, Tensor v, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
+      "Tensor(b!) v_cache, Tensor slots, int format) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixcache, CPU, m) {
@@ -329,4 +393,5 @@ TORCH_LIBRARY_IMPL(radixcache, CPU, m) {
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("silu_mul", &silu_mul);
   m.impl("rope_store_kv", &rope_store_kv);
+  m.impl("rope_store_kv_q", &rope_store_kv_q);
 }
