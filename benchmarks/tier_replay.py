@@ -1,13 +1,20 @@
 """The Mooncake trace through the engine's real KV path: a KVCacheManager over a paged pool, with
 KVTiers over a TieredStore (host RAM, then disk) below it, driven request by request in the order
 the scheduler drives it: match; while LOADING, wait for the load and match again; allocate;
-computed; free. No model runs: the "forward" writes each computed block's trace id into its KV
-(three base-256 digits), so every block a hit brings back, from the device or a tier, is checked
-against the id it stands for.
+computed; free. No model runs: the "forward" writes each computed block's trace id into its KV,
+so every block a hit brings back, from the device or a tier, is checked against the id it stands
+for, bit for bit.
+
+The tiers hold blocks in the --tier-kv-dtype format through KVTiers' own conversion (auto: the
+pool's bf16; int8 / fp8: quantized on the way down, dequantized on the way back). So that a
+lossy format still brings a block back exactly, each of its rows is the format's largest code
+value, then the id's base-8 digits: the row's scale is exactly 1 and each digit is its own code
+(engine/kv/quant.py), in int8 and both fp8 formats alike.
 
 One 16-token block per trace id (bench_index.block_tokens), so the replay's blocks are the
 trace's blocks and its hit rates compare with bench_policy's. The pool is tiny (1 layer, 1 KV
-head, head_dim 8, bf16: 512 bytes a block): every size is in blocks.
+head, head_dim 8, bf16: 512 bytes a block): every size is in blocks, and a tier's byte budget is
+its blocks times the tiny block's encoded size in the tier format.
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ import torch
 
 from benchmarks import bench_index as bi
 from engine.kv import KVCacheManager, MatchState
-from engine.kv.paged_cache import KVCache
+from engine.kv.paged_cache import KVCache, bytes_per_block
+from engine.kv.quant import KVFormat, kv_format
+from engine.kv.tier_format import tier_format
 from engine.kv.tiers import KVTiers
 from engine.request import Request, Sequence, token_array
 from engine.sampling_params import SamplingParams
@@ -34,7 +43,8 @@ from storage.store_stats import StoreStats
 from storage.tiered import TieredStore
 
 BS = 16
-HEAD_DIM = 8  # the tiny pool's rows: room for a block's three id digits
+HEAD_DIM = 8  # the tiny pool's rows: a block's row top and seven id digits
+ID_BASE = 8  # digits 0..7: exact in bf16 and, at scale 1, as int8 / fp8_e4m3 / fp8_e5m2 codes
 NS = Namespace("mooncake-tiers", "bfloat16", BS)
 LEVELS = (TierName.DEVICE, TierName.HOST, TierName.DISK)
 # the replay measures what the tiers hold, not a deadline policy: a load may take its time (a
@@ -73,6 +83,7 @@ class ReplayResult:
     referenced_at_end: int = -1  # device blocks still referenced once every request finished
     seconds: float = 0.0
     tier_stats: dict[str, TierStats] = field(default_factory=dict)  # the store's, at the end
+    held_bytes: dict[str, int] = field(default_factory=dict)  # per tier, at the end
     store_stats: StoreStats = field(default_factory=StoreStats)
 
     @property
@@ -85,44 +96,56 @@ class ReplayResult:
         return n / self.lookups
 
 
-def tiny_value_bytes() -> int:
-    """One encoded block of the tiny pool: what a tier's byte budget counts per block."""
-    return HEADER_SIZE + 2 * BS * HEAD_DIM * torch.bfloat16.itemsize
+def tiny_value_bytes(fmt: KVFormat | None = None) -> int:
+    """One encoded block of the tiny pool in a tier format (None: bf16): what a tier's byte
+    budget counts per block."""
+    return HEADER_SIZE + bytes_per_block(1, BS, 1, HEAD_DIM, torch.bfloat16, fmt)
 
 
-def id_digits(ids: list[int]) -> torch.Tensor:
-    """[n, 3] base-256 digits of trace ids (exact in bf16)."""
-    t = torch.tensor(ids, dtype=torch.int64)
-    return torch.stack((t % 256, t // 256 % 256, t // 65536), dim=1).to(torch.bfloat16)
+def row_top(fmt: KVFormat | None) -> float:
+    """A row's first value: the format's largest code value, so its scale is exactly 1."""
+    return 1.0 if fmt is None else fmt.qmax
 
 
-def write_ids(kv: KVCache, block_ids: list[int], ids: list[int]) -> None:
-    """The stand-in forward: each block's K and V rows hold its trace id's digits."""
+def id_rows(ids: list[int], top: float) -> torch.Tensor:
+    """[n, HEAD_DIM] bf16: `top`, then each trace id's base-8 digits, lowest first."""
+    if ids and max(ids) >= ID_BASE ** (HEAD_DIM - 1):
+        raise ValueError(f"trace id {max(ids)} has more than {HEAD_DIM - 1} base-8 digits")
+    t = torch.tensor(ids, dtype=torch.int64).unsqueeze(1)
+    digits = t // ID_BASE ** torch.arange(HEAD_DIM - 1) % ID_BASE
+    return torch.cat((torch.full((len(ids), 1), top), digits), dim=1).to(torch.bfloat16)
+
+
+def write_ids(kv: KVCache, block_ids: list[int], ids: list[int], top: float) -> None:
+    """The stand-in forward: every K and V row of each block holds its trace id."""
     if block_ids:
-        kv.tensor[0, :, block_ids, :, 0, :3] = id_digits(ids).view(1, -1, 1, 3)
+        kv.tensor[0, :, block_ids, :, 0, :] = id_rows(ids, top).view(1, -1, 1, HEAD_DIM)
 
 
-def wrong_blocks(kv: KVCache, block_ids: list[int], ids: list[int]) -> int:
-    """Blocks among `block_ids` whose KV (first row of K and of V) is not their id's."""
+def wrong_blocks(kv: KVCache, block_ids: list[int], ids: list[int], top: float) -> int:
+    """Blocks among `block_ids` with a K or V row that is not their id's."""
     if not block_ids:
         return 0
-    want = id_digits(ids)
-    got = kv.tensor[0, :, block_ids, 0, 0, :3]  # [2, n, 3]
-    return int((got != want).any(dim=2).any(dim=0).sum())
+    want = id_rows(ids, top).view(1, -1, 1, HEAD_DIM)
+    got = kv.tensor[0, :, block_ids, :, 0, :]  # [2, n, bs, HEAD_DIM]
+    return int((got != want).any(dim=3).any(dim=2).any(dim=0).sum())
 
 
-def build(sizes: Sizes, disk_dir: Path, policy: str) -> KVCacheManager:
-    """The engine's KV parts as engine/factory.py wires them, at `sizes`."""
-    value = tiny_value_bytes()
+def build(sizes: Sizes, disk_dir: Path, policy: str, tier_kv_dtype: str) -> KVCacheManager:
+    """The engine's KV parts as engine/factory.py wires them, at `sizes`, the tiers holding
+    blocks in the `tier_kv_dtype` format."""
+    value = tiny_value_bytes(kv_format(tier_kv_dtype))
     config = TierConfig(
         host_bytes=sizes.host * value,
         disk_path=disk_dir if sizes.disk else None,
         disk_bytes=max(1, sizes.disk) * value,
         deadline_s=DEADLINE_S,
+        kv_dtype=tier_kv_dtype,
     )
     kv = KVCache(1, sizes.device, BS, 1, HEAD_DIM, torch.bfloat16)
     cache = PrefixCache(sizes.device, BS, policy=policy)
-    tiers = KVTiers(TieredStore(config), kv) if config.enabled else None
+    fmt = tier_format(None, config.kv_dtype)
+    tiers = KVTiers(TieredStore(config), kv, fmt=fmt) if config.enabled else None
     listeners = () if tiers is None else (tiers,)
     return KVCacheManager(cache, kv, tiers=tiers, listeners=listeners)
 
@@ -158,16 +181,18 @@ def count(out: ReplayResult, seq: Sequence, load_s: float | None) -> None:
         out.loads.empty_s += load_s
 
 
-def serve(manager: KVCacheManager, seq: Sequence, ids: list[int], out: ReplayResult) -> None:
+def serve(
+    manager: KVCacheManager, seq: Sequence, ids: list[int], top: float, out: ReplayResult
+) -> None:
     """One request: admit it, count and check its hits, compute the rest, finish it."""
     count(out, seq, admit(manager, seq))
     hit = -(-seq.num_computed_tokens // BS)
-    out.wrong_blocks += wrong_blocks(manager.kv_cache, seq.block_ids[:hit], ids[:hit])
+    out.wrong_blocks += wrong_blocks(manager.kv_cache, seq.block_ids[:hit], ids[:hit], top)
     new = seq.num_tokens - seq.num_computed_tokens
     if not manager.allocate(seq, new):
         raise RuntimeError(f"a {len(ids)}-block request does not fit {manager.num_blocks} blocks")
     first = seq.num_computed_tokens // BS  # [first, n): private blocks this step writes
-    write_ids(manager.kv_cache, seq.block_ids[first:], ids[first:])
+    write_ids(manager.kv_cache, seq.block_ids[first:], ids[first:], top)
     manager.computed(seq, new)
     manager.free(seq)
 
@@ -181,18 +206,23 @@ def sequence(r: int, ids: list[int], table: dict[int, list[int]]) -> Sequence:
 
 
 def replay_tiers(
-    trace: list[list[int]], sizes: Sizes, disk_dir: Path, policy: str = "lru"
+    trace: list[list[int]],
+    sizes: Sizes,
+    disk_dir: Path,
+    policy: str = "lru",
+    tier_kv_dtype: str = "auto",
 ) -> ReplayResult:
     """Serves every request of `trace` in order, then checks the cache's invariants (raises
     IntegrityError) and counts the blocks still referenced. The tiers' writes finish after each
     request (a prefill of its length would give the writer that time)."""
-    manager = build(sizes, disk_dir, policy)
+    top = row_top(kv_format(tier_kv_dtype))
+    manager = build(sizes, disk_dir, policy, tier_kv_dtype)
     store = None if manager.tiers is None else manager.tiers.store
     out, table = ReplayResult(), {}
     t0 = time.perf_counter()
     try:
         for r, ids in enumerate(trace):
-            serve(manager, sequence(r, ids, table), ids, out)
+            serve(manager, sequence(r, ids, table), ids, top, out)
             out.requests += 1
             out.lookups += len(ids)
             if store is not None:
@@ -206,6 +236,7 @@ def replay_tiers(
         if store is not None:
             snap = store.stats()
             out.tier_stats = {name: t.stats for name, t in snap.tiers.items()}
+            out.held_bytes = {name: t.used_bytes for name, t in snap.tiers.items()}
             out.store_stats = snap.store
     finally:
         manager.close()
