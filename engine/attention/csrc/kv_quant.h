@@ -43,8 +43,8 @@ inline uint8_t encode(float v, int64_t f) {
 // A code's value.
 inline float decode(uint8_t c, int64_t f) {
   if (f == INT8) return static_cast<float>(static_cast<int8_t>(c));
-  if (f == FP8_E4M3) return static_cast<float>(c10::Float8_e4m3fn(c, c10::Float8_e4m3fn::from_bits()));
-  return static_cast<float>(c10::Float8_e5m2(c, c10::Float8_e5m2::from_bits()));
+  if (f == FP8_E4M3) return c10::Float8_e4m3fn(c, c10::Float8_e4m3fn::from_bits());
+  return c10::Float8_e5m2(c, c10::Float8_e5m2::from_bits());
 }
 
 #ifdef __AVX512F__
@@ -104,11 +104,10 @@ inline __m512 code_values(const uint8_t* c) {
   } else if constexpr (F == FP8_E5M2) {  // the high byte of a half
     return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(raw), 8));
   } else {  // e4m3fn's sign, exponent and mantissa in a half's places: value / 256, subnormals too
-    const __m256i u = _mm256_cvtepu8_epi16(raw);
-    const __m256i h =
-        _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(u, _mm256_set1_epi16(0x80)), 8),
-                        _mm256_slli_epi16(_mm256_and_si256(u, _mm256_set1_epi16(0x7F)), 7));
-    return _mm512_cvtph_ps(h);
+    // code << 7 puts exponent and mantissa in place and the sign at bit 14; adding bit 14 to
+    // itself moves it to bit 15
+    const __m256i a = _mm256_slli_epi16(_mm256_cvtepu8_epi16(raw), 7);
+    return _mm512_cvtph_ps(_mm256_add_epi16(a, _mm256_and_si256(a, _mm256_set1_epi16(0x4000))));
   }
 }
 #endif
@@ -151,19 +150,18 @@ inline void quantize_row(const T* x, int64_t d, int64_t f, uint8_t* dst) {
   std::memcpy(dst + d, &scale, sizeof(scale));
 }
 
-// row (d codes, then the scale) -> out [d]: each code's value * scale, float32.
+// A row (d codes, then the scale) -> out [d]: each code's value / unit (exact: e4m3 codes read
+// as halves are value / 256, the others' unit is 1); returns scale * unit, what out's values are
+// multiplied by to dequantize them (the kernels fold it into their scores and probabilities).
 template <int64_t F>
-inline void dequantize_row(const uint8_t* row, int64_t d, float* out) {
-  const float scale = row_scale(row, d);
+inline float code_row(const uint8_t* row, int64_t d, float* out) {
+  constexpr float unit = F == FP8_E4M3 ? 256.f : 1.f;
   int64_t i = 0;
 #ifdef __AVX512F__
-  // e4m3 codes read as value / 256: 256 * scale is exact, so the product rounds as value * scale
-  const __m512 s = _mm512_set1_ps(F == FP8_E4M3 ? scale * 256.f : scale);
-  for (; i + 16 <= d; i += 16)
-    _mm512_storeu_ps(out + i, _mm512_mul_round_ps(code_values<F>(row + i), s,
-                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i + 16 <= d; i += 16) _mm512_storeu_ps(out + i, code_values<F>(row + i));
 #endif
-  for (; i < d; ++i) out[i] = decode(row[i], F) * scale;
+  for (; i < d; ++i) out[i] = decode(row[i], F) / unit;
+  return row_scale(row, d) * unit;
 }
 
 }  // namespace radixcache::kvq

@@ -341,8 +341,9 @@ torch::Tensor rope_store_kv(const torch::Tensor& qk, const torch::Tensor& v,
                             const torch::Tensor& slots) {
   const RopeShape shape =
       rope_shape(qk, v, cos, sin, k_cache, v_cache, slots, qk.size(2), "rope_store_kv");
-  TORCH_CHECK(k_cache.scalar_type() == qk.scalar_type() && v_cache.scalar_type() == qk.scalar_type(),
-              "rope_store_kv: every tensor in qk's dtype");
+  TORCH_CHECK(
+      k_cache.scalar_type() == qk.scalar_type() && v_cache.scalar_type() == qk.scalar_type(),
+      "rope_store_kv: every tensor in qk's dtype");
   auto out = torch::empty({shape.tokens, shape.heads, shape.d}, qk.options());
   by_dtype(qk, "rope_store_kv", [&](auto tag) {
     using T = decltype(tag);
