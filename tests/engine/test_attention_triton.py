@@ -7,12 +7,7 @@ check is reported as its own test.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import traceback
-from pathlib import Path
+from functools import partial
 
 import pytest
 import torch
@@ -23,9 +18,7 @@ from engine.kv.paged_cache import KVCache
 from .row_ops_checks import ROW_OPS_CHECKS
 from .test_attention import CASES, dense_reference, make_batch
 from .test_attention_window import WINDOW_CASES, assert_window_matters, poisoned_batch
-
-ROOT = Path(__file__).resolve().parents[2]
-
+from .triton_interpreter import report, run_interpreted
 
 TRITON_CASES = [
     *CASES[:6],
@@ -213,28 +206,15 @@ def run_all() -> None:
     from engine.attention.triton_row_ops import TritonRowOps
 
     assert isinstance(triton_kernels._paged_attention_kernel, InterpretedFunction)
-    checks = {name: (check, (triton_kernels,)) for name, check in CHECKS.items()}
+    checks = {name: partial(check, triton_kernels) for name, check in CHECKS.items()}
     for name, check in ROW_OPS_CHECKS.items():
-        checks[name] = (check, (TritonRowOps(), "cpu"))
-    results = {}
-    for name, (check, args) in checks.items():
-        try:
-            check(*args)
-            results[name] = "ok"
-        except Exception:  # reported by the test of that name
-            results[name] = traceback.format_exc()
-    print(json.dumps(results))
+        checks[name] = partial(check, TritonRowOps(), "cpu")
+    report(checks)
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    code = "from tests.engine.test_attention_triton import run_all; run_all()"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted("tests.engine.test_attention_triton")
 
 
 @pytest.mark.parametrize("name", [*CHECKS, *ROW_OPS_CHECKS])

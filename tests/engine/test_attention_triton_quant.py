@@ -8,18 +8,12 @@ so the checks run in one subprocess started with it set; each check is reported 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import traceback
-from pathlib import Path
+from functools import partial
 
 import pytest
 
+from .triton_interpreter import report, run_interpreted
 from .triton_quant_checks import QUANT_CHECKS
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_all() -> None:
@@ -29,25 +23,12 @@ def run_all() -> None:
     from engine.attention import triton_kernels
 
     assert isinstance(triton_kernels._store_kv_quantized_kernel, InterpretedFunction)
-    results = {}
-    for name, check in QUANT_CHECKS.items():
-        try:
-            check("cpu")
-            results[name] = "ok"
-        except Exception:  # reported by the test of that name
-            results[name] = traceback.format_exc()
-    print(json.dumps(results))
+    report({name: partial(check, "cpu") for name, check in QUANT_CHECKS.items()})
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    code = "from tests.engine.test_attention_triton_quant import run_all; run_all()"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted("tests.engine.test_attention_triton_quant")
 
 
 @pytest.mark.parametrize("name", list(QUANT_CHECKS))
