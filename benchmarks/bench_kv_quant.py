@@ -160,8 +160,7 @@ def main() -> None:
             )  # fmt: skip
         if "decode" in sections:
             dtype = torch_dtype(resolve_dtype("auto", "cpu"))
-            model = load_model(first, dtype, torch.device("cpu"))
-            model.prepack()
+            model = load_model(first, dtype, torch.device("cpu"))  # prepacked, as served
             names = ["model dtype", *[f.name for f in formats]]
             out["decode"] = decode_rows(model, [None, *formats], DECODE_WORKLOADS, args.reps)
             print_table(
