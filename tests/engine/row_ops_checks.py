@@ -75,30 +75,48 @@ def _rope_tables(positions: torch.Tensor, head_dim: int, rotary_dim: int, dtype,
     return cos.to(device, dtype)[:, None], freqs.sin().to(device, dtype)[:, None]
 
 
+def rope_store_inputs(
+    rows: int, hq: int, hkv: int, head_dim: int, rotary_dim: int, dtype, device: str
+) -> tuple[torch.Tensor, ...]:
+    """A rope_store_kv case: qk [rows, hq + hkv, D] and v as views of one qkv projection, the rope
+    tables at fixed positions and distinct slots (up to 5 rows)."""
+    qkv = _randn(rows, (hq + 2 * hkv) * head_dim, dtype=dtype, device=device, seed=rows)
+    qk = qkv[:, : (hq + hkv) * head_dim].view(rows, hq + hkv, head_dim)
+    v = qkv[:, (hq + hkv) * head_dim :].view(rows, hkv, head_dim)
+    positions = torch.tensor([3, 40, 7, 0, 123][:rows])
+    cos, sin = _rope_tables(positions, head_dim, rotary_dim, dtype, device)
+    slots = torch.tensor([21, 0, 9, 4, 13][:rows], device=device)
+    return qk, v, cos, sin, slots
+
+
+def assert_only_slots_written(
+    k_rows: torch.Tensor, v_rows: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """Every row of the (zero-initialised) caches but those at `slots` is still zero."""
+    untouched = torch.ones(k_rows.shape[0], dtype=torch.bool, device=k_rows.device)
+    untouched[slots] = False
+    assert not k_rows[untouched].any() and not v_rows[untouched].any()
+
+
 def check_rope_store_kv(ops, device: str) -> None:
     hq, hkv, bs, num_blocks = 4, 2, 4, 6
     for dtype in DTYPES:
         for rows in (1, 5):
             for head_dim, rotary_dim in ((64, 64), (64, 32), (48, 24)):
-                qkv = _randn(rows, (hq + 2 * hkv) * head_dim, dtype=dtype, device=device, seed=rows)
-                qk = qkv[:, : (hq + hkv) * head_dim].view(rows, hq + hkv, head_dim)
-                v = qkv[:, (hq + hkv) * head_dim :].view(rows, hkv, head_dim)
-                positions = torch.tensor([3, 40, 7, 0, 123][:rows])
-                cos, sin = _rope_tables(positions, head_dim, rotary_dim, dtype, device)
+                qk, v, cos, sin, slots = rope_store_inputs(
+                    rows, hq, hkv, head_dim, rotary_dim, dtype, device
+                )
                 k_cache, v_cache = (
                     torch.zeros(num_blocks, bs, hkv, head_dim, dtype=dtype, device=device)
                     for _ in range(2)
                 )
-                slots = torch.tensor([21, 0, 9, 4, 13][:rows], device=device)
                 out = ops.rope_store_kv(qk, v, cos, sin, k_cache, v_cache, slots)
                 want = apply_rope(qk, cos, sin)
                 _close(out, want)
                 k_rows, v_rows = k_cache.view(-1, hkv, head_dim), v_cache.view(-1, hkv, head_dim)
                 assert torch.equal(k_rows[slots], out[:, hq:])
                 assert torch.equal(v_rows[slots], v)
-                untouched = torch.ones(num_blocks * bs, dtype=torch.bool, device=device)
-                untouched[slots] = False
-                assert not k_rows[untouched].any() and not v_rows[untouched].any()
+                assert_only_slots_written(k_rows, v_rows, slots)
 
 
 ROW_OPS_CHECKS: dict[str, Callable[..., None]] = {

@@ -16,7 +16,7 @@ from engine.kv.quant import KV_FORMATS, KVFormat, quantize
 from engine.models.rope import apply_rope
 from engine.models.row_ops import RowOps
 
-from .row_ops_checks import _close, _randn, _rope_tables
+from .row_ops_checks import _close, _randn, assert_only_slots_written, rope_store_inputs
 from .test_attention import make_batch
 from .test_attention_triton import TRITON_CASES, tiny_model
 from .test_attention_window import WINDOW_CASES, assert_window_matters
@@ -74,9 +74,7 @@ def check_store(fmt: KVFormat, device: str) -> None:
         k_rows, v_rows = k_cache.view(-1, hkv, d + 4), v_cache.view(-1, hkv, d + 4)
         assert torch.equal(k_rows[slots], quantize(k, fmt))
         assert torch.equal(v_rows[slots], quantize(v, fmt))
-        untouched = torch.ones(num_blocks * bs, dtype=torch.bool, device=device)
-        untouched[slots] = False
-        assert not k_rows[untouched].any() and not v_rows[untouched].any()
+        assert_only_slots_written(k_rows, v_rows, slots)
 
 
 def check_rope_store(fmt: KVFormat, device: str) -> None:
@@ -88,25 +86,20 @@ def check_rope_store(fmt: KVFormat, device: str) -> None:
     hq, hkv, bs, num_blocks = 4, 2, 4, 6
     for dtype in (torch.float32, torch.bfloat16):
         for rows, head_dim, rotary_dim in ((1, 16, 16), (5, 48, 24)):
-            qkv = _randn(rows, (hq + 2 * hkv) * head_dim, dtype=dtype, device=device, seed=rows)
-            qk = qkv[:, : (hq + hkv) * head_dim].view(rows, hq + hkv, head_dim)
-            v = qkv[:, (hq + hkv) * head_dim :].view(rows, hkv, head_dim)
-            positions = torch.tensor([3, 40, 7, 0, 123][:rows])
-            cos, sin = _rope_tables(positions, head_dim, rotary_dim, dtype, device)
+            qk, v, cos, sin, slots = rope_store_inputs(
+                rows, hq, hkv, head_dim, rotary_dim, dtype, device
+            )
             k_cache, v_cache = (
                 torch.zeros(num_blocks, bs, hkv, head_dim + 4, dtype=torch.uint8, device=device)
                 for _ in range(2)
             )
-            slots = torch.tensor([21, 0, 9, 4, 13][:rows], device=device)
             out = ops.rope_store_kv(qk, v, cos, sin, k_cache, v_cache, slots)
             _close(out, apply_rope(qk, cos, sin))
             k_rows = k_cache.view(-1, hkv, head_dim + 4)
             v_rows = v_cache.view(-1, hkv, head_dim + 4)
             assert torch.equal(k_rows[slots], quantize(out[:, hq:], fmt))
             assert torch.equal(v_rows[slots], quantize(v, fmt))
-            untouched = torch.ones(num_blocks * bs, dtype=torch.bool, device=device)
-            untouched[slots] = False
-            assert not k_rows[untouched].any() and not v_rows[untouched].any()
+            assert_only_slots_written(k_rows, v_rows, slots)
 
 
 def check_attention(
