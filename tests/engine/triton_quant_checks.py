@@ -155,7 +155,10 @@ def check_model(fmt: KVFormat, device: str) -> None:
     want = _model_logits(model, fmt, steps, tables)
     model.row_ops, model.attention = TritonRowOps(fmt), TritonAttention(fmt)
     got = _model_logits(model, fmt, steps, tables)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # the two paths' norms and ropes round differently in the last bit, so a row's scale may
+    # differ by an ulp and a value on a rounding boundary take the neighbouring code: one code
+    # step of one key moves these logits (|max| ~0.4) by ~2e-4; a wrong kernel moves them by 1e-2+
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
     model.row_ops, model.attention = RowOps(), TorchAttention()
     full = _model_logits(model, None, steps, tables)
     assert (got - full).abs().max() < 0.1 * full.abs().max()  # quantized, yet the same model
