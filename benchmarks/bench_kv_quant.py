@@ -2,7 +2,7 @@
 capacity, load cost and decode speed, per format.
 
 Run: python -m benchmarks.bench_kv_quant [--models default,gemma3-270m,tiny-llama,tiny-gemma]
-Prints tables; writes benchmarks/results/kv_quant.json.
+Prints tables; writes benchmarks/results/kv_quant.json (the sections run replace theirs).
 
 - accuracy: mean KL(unquantized || quantized) of next-token distributions and the perplexity
   change over windows of the license texts, each window prefilled over a pool of that format;
@@ -19,6 +19,7 @@ Prints tables; writes benchmarks/results/kv_quant.json.
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from pathlib import Path
 
@@ -41,11 +42,12 @@ from benchmarks.kv_quant_capacity import (
     pool_bytes_per_token,
     trace_hit_rates,
 )
-from benchmarks.results_io import write_results
+from benchmarks.results_io import RESULTS, run_meta, write_results
 from engine.dtypes import resolve_dtype, torch_dtype
 from engine.kv.quant import KV_FORMATS, KVFormat
 from engine.loader import load_model, load_tokenizer
 from engine.loader.named_models import NAMED_MODELS
+from engine.models.key_smoothing import smooth_keys
 
 TRACE_SHARES = (0.05, 0.1, 0.2)  # of the trace's unique blocks, held by the model dtype's pool
 DECODE_WORKLOADS = ["decode-16x1100-private", "decode-16x1100-shared", "prefill-16x64+1024-cached"]
@@ -67,7 +69,9 @@ def model_folder(name: str, scratch: Path) -> Path:
 def accuracy_rows(name: str, folder: Path, formats: list[KVFormat], args) -> list[dict]:
     dtype = torch_dtype(resolve_dtype("auto", "cpu"))
     ids = load_tokenizer(folder).encode(license_text(), add_special_tokens=False)
-    model = load_model(folder, dtype, torch.device("cpu"))
+    model = load_model(folder, dtype, torch.device("cpu"), prepack=False)
+    smooth_keys(model)  # as the engine serves a quantized KV (its unquantized logits: the same)
+    model.prepack()
     vocab = model.config.vocab_size
     ids = [i for i in ids if i < vocab]  # tiny configs: a real tokenizer, a small vocabulary
     length = min(args.window_len, model.config.max_position_embeddings)
@@ -169,8 +173,23 @@ def main() -> None:
                 ["workload", *names],
                 [[r["workload"], *[r[n] for n in names]] for r in out["decode"]],
             )
-    rows = [{"section": k, **r} for k, v in out.items() for r in v]
-    print(f"\nwrote {write_results('kv_quant', rows)}")
+    rows, runs = earlier_sections(set(out))
+    rows += [{"section": k, **r} for k, v in out.items() for r in v]
+    run = run_meta()
+    runs.update({k: {x: run[x] for x in ("command", "cpu", "finished_at")} for k in out})
+    print(f"\nwrote {write_results('kv_quant', rows, section_runs=runs)}")
+
+
+def earlier_sections(replaced: set[str]) -> tuple[list[dict], dict]:
+    """The rows of the sections this run did not measure, and the runs that did, from the
+    results file: one file holds each section's latest run."""
+    path = RESULTS / "kv_quant.json"
+    if not path.exists():
+        return [], {}
+    old = json.loads(path.read_text())
+    rows = [r for r in old["rows"] if r["section"] not in replaced]
+    runs = old["meta"].get("section_runs", {})
+    return rows, {k: v for k, v in runs.items() if k not in replaced}
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from engine.kv.paged_cache import DTYPES, KVCache
 from engine.kv.tier_format import tier_format
 from engine.kv.tiers import KVTiers
 from engine.model_runner import ModelRunner
+from engine.models.key_smoothing import smooth_keys
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler
 from engine.speculative.speculator import Speculator, build_speculator
@@ -64,7 +65,10 @@ def build_parts(config: EngineConfig) -> EngineParts:
     path = Path(config.model) if config.model else ensure_default_model()
     dtype_name = resolve_dtype(config.dtype, config.device)
     device, dtype = torch.device(config.device), DTYPES[dtype_name]
-    model = load_model(path, dtype, device, invariant=config.deterministic)
+    model = load_model(path, dtype, device, prepack=False, invariant=config.deterministic)
+    if config.kv_format is not None or (config.tiers and config.tiers.kv_dtype != "auto"):
+        smooth_keys(model)  # keys' outlier channels shrunk, the scores kept exactly
+    model.prepack()
     if config.kv_format is not None:
         model.use_kv_format(config.kv_format)
     mc = model.config
