@@ -128,9 +128,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         default=ENGINE.kv_cache_dtype,
         choices=[AUTO, *KV_FORMATS],
         help="the device KV pool's rows: auto (the model dtype) or quantized with a scale per "
-        "token and head, 1.88x the tokens in the same memory. int8: KL 0.004 nats, perplexity "
-        "+0.5%% on the default model; fp8_e4m3 and fp8_e5m2 are experimental (KL 0.014 / 0.043, "
-        "perplexity +2.0%% / +2.2%%): README, benchmarks/bench_kv_quant.py",
+        "token and head, 1.88x the tokens in the same memory. int8: KL 0.003 nats, perplexity "
+        "+0.1%% on the default model (gemma3-270m: 0.006, -0.4%%); fp8_e4m3 and fp8_e5m2 are "
+        "experimental (KL 0.013 / 0.042, perplexity +1.2%% / +1.9%%): README, "
+        "benchmarks/bench_kv_quant.py",
     )
     g.add_argument("--device", default=ENGINE.device, help="torch device (cpu, cuda)")
     g.add_argument(
