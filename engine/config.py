@@ -96,6 +96,12 @@ class EngineConfig:
         return kv_format(self.kv_cache_dtype)
 
     @property
+    def quantizes_kv(self) -> bool:
+        """Whether the device pool or the spill tiers hold quantized rows."""
+        tiers = self.tiers is not None and kv_format(self.tiers.kv_dtype) is not None
+        return self.kv_format is not None or tiers
+
+    @property
     def spec(self) -> SpecConfig:
         return SpecConfig(
             self.speculative, self.num_speculative_tokens, step_cost=self.speculative_step_cost

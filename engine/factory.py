@@ -66,7 +66,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     dtype_name = resolve_dtype(config.dtype, config.device)
     device, dtype = torch.device(config.device), DTYPES[dtype_name]
     model = load_model(path, dtype, device, prepack=False, invariant=config.deterministic)
-    if config.kv_format is not None or (config.tiers and config.tiers.kv_dtype != "auto"):
+    if config.quantizes_kv:
         smooth_keys(model)  # keys' outlier channels shrunk, the scores kept exactly
     model.prepack()
     if config.kv_format is not None:

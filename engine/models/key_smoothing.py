@@ -57,9 +57,10 @@ class KeySmoothing:
 
 
 def smooth_keys(model: torch.nn.Module) -> KeySmoothing:
-    """For a model whose KV is quantized on the device or in the tiers: measures `model`'s key smoothing and folds it into its weights (before prepack: the
-    projections must be plain tensors; before use_kv_format: the calibration reads an
-    unquantized pool). Returns the factors folded."""
+    """For a model whose KV is quantized on the device or in the tiers: measures its key
+    smoothing and folds it into its weights (before prepack: the projections must be plain
+    tensors; before use_kv_format: the calibration reads an unquantized pool). Returns the
+    factors folded."""
     smoothing = measure_key_smoothing(model)
     fold_key_smoothing(model, smoothing)
     return smoothing
@@ -163,19 +164,16 @@ def fold_key_smoothing(model: torch.nn.Module, smoothing: KeySmoothing) -> None:
             continue
         if layer.packed:
             raise ValueError("fold key smoothing before prepack: the projections are packed")
-        _scale_heads(layer, layer.qkv_proj, factor, multiply=True)
-        _scale_heads(layer, layer.qkv_proj, factor, multiply=False)
-        if layer.qkv_bias is not None:
-            _scale_heads(layer, layer.qkv_bias, factor, multiply=True)
-            _scale_heads(layer, layer.qkv_bias, factor, multiply=False)
+        for fused in (layer.qkv_proj, layer.qkv_bias):
+            if fused is not None:
+                _scale_query_key_rows(layer, fused, factor)
     model.model_id = f"{model.model_id}+ks{smoothing.digest}"
 
 
-def _scale_heads(layer, fused: torch.Tensor, factor: torch.Tensor, multiply: bool) -> None:
-    """The q rows (multiply) or k rows (divide) of a fused qkv weight [rows, hidden] or bias
-    [rows], viewed per head [heads, D, ...], by the per-channel factor."""
-    start, size = (0, layer.q_size) if multiply else (layer.q_size, layer.kv_size)
-    rows = fused[start : start + size]
-    heads = rows.view(-1, layer.head_dim, *rows.shape[1:])
-    f = factor.to(fused.device, fused.dtype).view(1, -1, *([1] * (rows.dim() - 1)))
-    heads.mul_(f) if multiply else heads.div_(f)
+def _scale_query_key_rows(layer, fused: torch.Tensor, factor: torch.Tensor) -> None:
+    """The q rows x factor and the k rows / factor (per channel of every head) of a fused qkv
+    weight [rows, hidden] or bias [rows]."""
+    f = factor.to(fused.device, fused.dtype).view(1, -1, *([1] * (fused.dim() - 1)))
+    q_end, k_end = layer.q_size, layer.q_size + layer.kv_size
+    fused[:q_end].view(-1, layer.head_dim, *fused.shape[1:]).mul_(f)
+    fused[q_end:k_end].view(-1, layer.head_dim, *fused.shape[1:]).div_(f)
