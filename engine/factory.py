@@ -200,4 +200,5 @@ def _build_tiers(
     from storage.tiered import TieredStore
 
     fmt = tier_format(config.kv_format, config.tiers.kv_dtype)
-    return KVTiers(TieredStore(config.tiers, observer=sink), kv_cache, windows, fmt)
+    store = TieredStore(config.tiers, observer=sink, device=kv_cache.tensor.device)
+    return KVTiers(store, kv_cache, windows, fmt)

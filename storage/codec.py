@@ -146,6 +146,16 @@ def verify_block(data: bytes | bytearray | memoryview) -> BlockHeader:
     return header
 
 
+def expect_block(
+    header: BlockHeader, kv_format: torch.dtype | str | None, shape: tuple[int, ...] | None
+) -> None:
+    """CorruptBlock unless the block is of `kv_format` and `shape` (None: any)."""
+    if kv_format is not None and format_code(kv_format) != header.code:
+        raise CorruptBlock(f"stored dtype {header.format}, expected {kv_format}")
+    if shape is not None and header.shape != tuple(shape):
+        raise CorruptBlock(f"stored shape {header.shape}, expected {tuple(shape)}")
+
+
 def decode_block(
     data: bytes | bytearray | memoryview,
     kv_format: torch.dtype | str | None = None,
@@ -162,10 +172,7 @@ def decode_block(
     device pool, never write to it. verify=False skips the checksum (header is still checked),
     for callers whose tier already verified the value."""
     header = verify_block(data) if verify else read_header(data)
-    if kv_format is not None and format_code(kv_format) != header.code:
-        raise CorruptBlock(f"stored dtype {header.format}, expected {kv_format}")
-    if shape is not None and header.shape != tuple(shape):
-        raise CorruptBlock(f"stored shape {header.shape}, expected {tuple(shape)}")
+    expect_block(header, kv_format, shape)
     if header.payload_len == 0:
         return torch.empty(header.shape, dtype=header.dtype)
     with warnings.catch_warnings():

@@ -6,10 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import torch
+
 from storage.base import Tier
 from storage.codec import PACKED_CODES
 from storage.disk import DiskTier
 from storage.host import HostTier
+from storage.pinned_host import PinnedHostTier
 from storage.redis_tier import RedisTier
 from storage.retention import RETAIN_S
 
@@ -81,10 +84,13 @@ class TierConfig:
         """A tier that outlives the process (disk or Redis): where retained prefixes go."""
         return self.disk_path is not None or self.redis_url is not None
 
-    def build_tiers(self) -> list[Tier]:
-        """The configured tiers, fastest first: host -> disk -> redis."""
+    def build_tiers(self, device: torch.device | None = None) -> list[Tier]:
+        """The configured tiers, fastest first: host -> disk -> redis. The host tier of a pool
+        on a GPU (`device`) keeps its blocks in pinned memory."""
         tiers: list[Tier] = []
-        if self.host_bytes > 0:
+        if self.host_bytes > 0 and device is not None and device.type == "cuda":
+            tiers.append(PinnedHostTier(self.host_bytes))
+        elif self.host_bytes > 0:
             tiers.append(HostTier(self.host_bytes))
         if self.disk_path is not None:
             tiers.append(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from radixcache.shared.tier_names import TierName
 from storage.base import SpillDown, TierStats
@@ -15,7 +15,10 @@ if TYPE_CHECKING:
 
 class HostTier:
     """Values live in memory as they were written (this process encoded them), so get() does not
-    re-verify checksums. Thread-safe: the store's writer and loader threads share it."""
+    re-verify checksums. Thread-safe: the store's writer and loader threads share it.
+
+    How a value is kept is up to four hooks (_fits, _keep, _value, _drop): here the bytes
+    themselves; storage/pinned_host.py keeps them in slots of one pinned arena."""
 
     name = TierName.HOST
 
@@ -23,8 +26,8 @@ class HostTier:
         self.capacity_bytes = capacity_bytes
         self.spill_down = spill_down
         self.stats = TierStats()
-        # (namespace hex, block hash) -> (namespace, value); order = LRU first
-        self._entries: OrderedDict[tuple[str, int], tuple[Namespace, bytes]] = OrderedDict()
+        # (namespace hex, block hash) -> (namespace, kept value, bytes); order = LRU first
+        self._entries: OrderedDict[tuple[str, int], tuple[Namespace, Any, int]] = OrderedDict()
         self._used = 0
         self._lock = threading.Lock()
 
@@ -40,8 +43,8 @@ class HostTier:
                 entry = self._entries.get((nsx, h))
                 if entry is not None:
                     self._entries.move_to_end((nsx, h))
-                    self.stats.bytes_read += len(entry[1])
-                out.append(None if entry is None else entry[1])
+                    self.stats.bytes_read += entry[2]
+                out.append(None if entry is None else self._value(entry[1]))
         return out
 
     def put(self, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
@@ -52,11 +55,11 @@ class HostTier:
                 if key in self._entries:
                     self._entries.move_to_end(key)
                     continue
-                if len(value) > self.capacity_bytes:
+                if not self._fits(len(value)):
                     self.stats.rejected_writes += 1
                     continue
                 evicted += self._make_room(len(value))
-                self._entries[key] = (ns, value)
+                self._entries[key] = (ns, self._keep(value), len(value))
                 self._used += len(value)
                 self.stats.bytes_written += len(value)
                 self.stats.blocks_written += 1
@@ -67,7 +70,8 @@ class HostTier:
             for h in hashes:
                 entry = self._entries.pop((ns.hex, h), None)
                 if entry is not None:
-                    self._used -= len(entry[1])
+                    self._used -= entry[2]
+                    self._drop(entry[1])
 
     def used_bytes(self) -> int:
         return self._used
@@ -80,13 +84,27 @@ class HostTier:
             self._entries.clear()
             self._used = 0
 
+    # --- how a value is kept ---
+    def _fits(self, size: int) -> bool:
+        return size <= self.capacity_bytes
+
+    def _keep(self, value: bytes) -> Any:
+        return value
+
+    def _value(self, kept: Any) -> bytes:
+        return kept
+
+    def _drop(self, kept: Any) -> None:
+        """The entry is gone (evicted, deleted): its memory may be reused."""
+
     def _make_room(self, size: int) -> list[tuple[Namespace, int, bytes]]:
         evicted = []
         while self._used + size > self.capacity_bytes and self._entries:
-            (_, h), (ns, value) = self._entries.popitem(last=False)
-            self._used -= len(value)
+            (_, h), (ns, kept, size) = self._entries.popitem(last=False)
+            self._used -= size
             self.stats.evictions += 1
-            evicted.append((ns, h, value))
+            evicted.append((ns, h, self._value(kept)))
+            self._drop(kept)
         return evicted
 
     def _spill(self, evicted: list[tuple[Namespace, int, bytes]]) -> None:

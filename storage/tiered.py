@@ -30,7 +30,9 @@ from storage.codec import CorruptBlock, decode_block, stored_format
 from storage.config import TierConfig
 from storage.loading import LoadJob, leading_run, segments
 from storage.pacing import LoadPacer
+from storage.pinned_host import PinnedHostTier
 from storage.store_stats import StoreSnapshot, StoreStats, TierSnapshot
+from storage.transfer import DeviceCopies
 from storage.writer import TierObserver, TierWriter
 
 if TYPE_CHECKING:
@@ -93,11 +95,15 @@ class TieredStore:
         config: TierConfig,
         tiers: list[Tier] | None = None,
         observer: TierObserver | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
         """`observer` is told of every block a tier gains or loses (writes, budget evictions,
-        corrupt values dropped); Redis expiry (TTL, maxmemory) is not observable from here."""
+        corrupt values dropped); Redis expiry (TTL, maxmemory) is not observable from here.
+        `device`: the KV pool's; loads arrive there, copied off the engine's stream
+        (storage.transfer), and a GPU pool's host tier is pinned (storage.pinned_host)."""
         self.config = config
-        self.tiers: list[Tier] = config.build_tiers() if tiers is None else tiers
+        self.copies = DeviceCopies(device)
+        self.tiers: list[Tier] = config.build_tiers(self.copies.device) if tiers is None else tiers
         self.store_stats = StoreStats()
         self.observer = observer
         self._redis = next((t for t in self.tiers if t.name == TierName.REDIS), None)
@@ -105,7 +111,12 @@ class TieredStore:
         persistent = [t for t in self.tiers if t.name in (TierName.DISK, TierName.REDIS)]
         self._keeper = cast("RetainingTier", persistent[0]) if persistent else None
         self._writer = TierWriter(
-            self.tiers, self.write_through, config.queue_blocks, self.store_stats, observer
+            self.tiers,
+            self.write_through,
+            config.queue_blocks,
+            self.store_stats,
+            observer,
+            self.copies,
         )
         for i, tier in enumerate(self.tiers):
             target = self._spill_target(i)
@@ -249,10 +260,9 @@ class TieredStore:
                 break
             tier, hashes = self.tiers[t], job.hashes[start:end]
             t0 = time.perf_counter()
-            values = tier.get(job.ns, hashes)
+            values, blocks = self._fetch(tier, job, hashes)
             tier.stats.load_time_s += time.perf_counter() - t0
-            for h, value in zip(hashes, values, strict=True):
-                block = self._decode(tier, job, h, value)
+            for h, value, block in zip(hashes, values, blocks, strict=True):
                 if block is None or not job.add(tier.name, block):
                     return self._promote(job.ns, promote)
                 if t > 0:
@@ -260,12 +270,30 @@ class TieredStore:
             spent = time.perf_counter() - t0
         self._promote(job.ns, promote)
 
+    def _fetch(
+        self, tier: Tier, job: LoadJob, hashes: list[int]
+    ) -> tuple[list[bytes | None], list[torch.Tensor | None]]:
+        """The stored values (to promote; None from the pinned tier, the top one) and the blocks
+        on the pool's device, up to the first one missing or corrupt."""
+        fmt = stored_format(job.ns.kv_dtype)
+        if isinstance(tier, PinnedHostTier):
+            blocks = tier.copy_out(job.ns, hashes, fmt, job.shape, self.copies.copy_to_device)
+            return [None] * len(hashes), blocks
+        values = tier.get(job.ns, hashes)
+        decoded = []
+        for h, value in zip(hashes, values, strict=True):
+            block = self._decode(tier, job, h, value)
+            if block is None:
+                break
+            decoded.append(block)
+        blocks: list[torch.Tensor | None] = list(self.copies.to_device(decoded))
+        return values, blocks + [None] * (len(hashes) - len(blocks))
+
     def _decode(self, tier: Tier, job: LoadJob, h: int, value: bytes | None) -> torch.Tensor | None:
         if value is None:
             return None
         try:
-            fmt = stored_format(job.ns.kv_dtype)
-            return decode_block(value, fmt, job.shape, verify=False)
+            return decode_block(value, stored_format(job.ns.kv_dtype), job.shape, verify=False)
         except CorruptBlock:
             tier.stats.corrupt += 1
             tier.delete(job.ns, [h])

@@ -21,12 +21,14 @@ import torch
 from radixcache.shared.tier_names import TierName
 from storage.base import RetainingTier, Tier
 from storage.codec import encode_block, stored_format
+from storage.transfer import DeviceCopies, Ready, ready_now
 
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
     from storage.store_stats import StoreStats
 
-_Job = tuple[str, Tier | None, "Namespace", list]
+# (kind, target, namespace, items, ready: waits until the items' host copies are complete)
+_Job = tuple[str, Tier | None, "Namespace", list, Ready]
 
 
 class TierObserver(Protocol):
@@ -45,9 +47,11 @@ class TierWriter:
         capacity: int,
         stats: StoreStats,
         observer: TierObserver | None = None,
+        copies: DeviceCopies | None = None,
     ):
         self.tiers = tiers
         self.observer = observer
+        self.copies = DeviceCopies() if copies is None else copies
         self.redis = (
             next((t for t in tiers if t.name == TierName.REDIS), None) if write_through else None
         )
@@ -62,19 +66,22 @@ class TierWriter:
     def enqueue_tensors(
         self, kind: str, target: Tier | None, ns: Namespace, items: list[tuple[int, torch.Tensor]]
     ) -> None:
-        """Copies the tensors now (they may be views of the device pool), writes them later."""
+        """Copies the tensors now (they may be views of the device pool; on a GPU the copies run
+        on a side stream and this does not wait for them), writes them later."""
         if not items or not self._reserve(len(items)):
             return
-        snapshots = [(h, torch.empty(kv.shape, dtype=kv.dtype).copy_(kv)) for h, kv in items]
+        host, ready = self.copies.snapshot([kv for _, kv in items])
         self.stats.stored_blocks += len(items)
-        self._queue.put((kind, target, ns, snapshots))
+        self._queue.put(
+            (kind, target, ns, list(zip([h for h, _ in items], host, strict=True)), ready)
+        )
 
     def put(self, target: Tier, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
         """Encoded values for `target`; written inline when called on the writer thread itself."""
         if threading.current_thread() is self._thread:
             self._put(target, ns, items)
         elif items and self._reserve(len(items)):
-            self._queue.put(("put", target, ns, items))
+            self._queue.put(("put", target, ns, items, ready_now))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         end = None if timeout is None else time.monotonic() + timeout
@@ -101,8 +108,9 @@ class TierWriter:
 
     def _loop(self) -> None:
         while (job := self._queue.get()) is not None:
-            kind, target, ns, items = job
+            kind, target, ns, items, ready = job
             try:
+                ready()
                 if kind == "new":
                     encoded = self._write_missing(self.tiers[0], ns, items)
                     if self.redis is not None and self.redis is not self.tiers[0]:

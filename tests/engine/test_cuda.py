@@ -20,6 +20,7 @@ from engine.attention.metadata import AttentionMetadata
 from engine.kv.admin import CacheStatsOp, Flush
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from storage.pinned_host import PinnedHostTier
 from tests.tiny_models import GEMMA_CONFIGS, TINY_VOCAB, make_tiny_gemma
 
 from .row_ops_checks import ROW_OPS_CHECKS
@@ -222,7 +223,10 @@ def test_spill_tiers_on_cuda_load_back_the_same_outputs(make_llm, tmp_path, tier
     llm.engine.admin(Flush())
     assert llm.engine.kv.tiers.store.wait_idle(30)
     assert _outputs(llm, prompts) == want  # the prefixes come back from the tier
-    assert llm.engine.kv.tiers.store.stats().tiers[tier].stats.hits > 0
+    store = llm.engine.kv.tiers.store
+    assert store.stats().tiers[tier].stats.hits > 0
+    if tier == "host":  # a GPU pool's host tier: slots of one pinned arena
+        assert isinstance(store.tiers[0], PinnedHostTier) and store.tiers[0]._arena.is_pinned()
     assert _released(llm)
 
 

@@ -1,13 +1,26 @@
+"""The host tier's LRU and budget, for both ways of keeping its values: bytes (a CPU pool's) and
+slots of one arena (a GPU pool's, unpinned here)."""
+
 from __future__ import annotations
+
+from functools import partial
+
+import pytest
 
 from radixcache.hashing import Namespace
 from storage.host import HostTier
+from storage.pinned_host import PinnedHostTier
 from tests.storage.blocks import VALUE_BYTES, chain, encoded
 
 
-def test_lru_keeps_within_budget_and_spills_oldest(ns: Namespace) -> None:
+@pytest.fixture(params=["bytes", "slots"])
+def make_tier(request):
+    return {"bytes": HostTier, "slots": partial(PinnedHostTier, pin=False)}[request.param]
+
+
+def test_lru_keeps_within_budget_and_spills_oldest(ns: Namespace, make_tier) -> None:
     spilled: list[tuple[Namespace, list[int]]] = []
-    tier = HostTier(
+    tier = make_tier(
         3 * VALUE_BYTES, spill_down=lambda n, items: spilled.append((n, [h for h, _ in items]))
     )
     hashes = chain(ns, 5)
@@ -20,14 +33,14 @@ def test_lru_keeps_within_budget_and_spills_oldest(ns: Namespace) -> None:
     assert spilled == [(ns, [hashes[1], hashes[2]])]
 
 
-def test_value_over_budget_is_rejected(ns: Namespace) -> None:
-    tier = HostTier(VALUE_BYTES - 1)
+def test_value_over_budget_is_rejected(ns: Namespace, make_tier) -> None:
+    tier = make_tier(VALUE_BYTES - 1)
     tier.put(ns, encoded(chain(ns, 1)))
     assert len(tier) == 0 and tier.stats.rejected_writes == 1
 
 
-def test_rewrite_of_a_present_block_only_touches_it(ns: Namespace) -> None:
-    tier = HostTier(2 * VALUE_BYTES)
+def test_rewrite_of_a_present_block_only_touches_it(ns: Namespace, make_tier) -> None:
+    tier = make_tier(2 * VALUE_BYTES)
     a, b, c = chain(ns, 3)
     tier.put(ns, encoded([a, b]))
     tier.put(ns, encoded([a]))  # a becomes most recent

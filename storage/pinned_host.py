@@ -1,0 +1,104 @@
+"""PinnedHostTier: the host tier of a GPU pool, its values in slots of one pinned arena.
+
+A copy from pinned memory to the GPU runs asynchronously at the link's speed; from ordinary
+(pageable) memory the driver stages it through a bounce buffer. Every value of one engine's tiers
+has the same size (one block in one format), so the arena is cut into equal slots, sized by the
+first value written and made then (the whole budget at once: pinning it later, value by value,
+would stall the writer). A value of another size is refused.
+
+Loads copy straight from a slot to the device (copy_out) under the tier's lock, so the slot cannot
+be reused while the copy reads it. pin=False keeps the arena in ordinary memory: the same tier on
+a CPU, for tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from storage.codec import HEADER_SIZE, CorruptBlock, expect_block, read_header
+from storage.host import HostTier
+
+if TYPE_CHECKING:
+    from radixcache.hashing import Namespace
+    from storage.base import SpillDown
+
+ToDevice = Callable[[list[torch.Tensor]], list[torch.Tensor]]
+
+
+class PinnedHostTier(HostTier):
+    def __init__(
+        self, capacity_bytes: int, spill_down: SpillDown | None = None, *, pin: bool = True
+    ) -> None:
+        super().__init__(capacity_bytes, spill_down)
+        self.pin = pin
+        self._arena: torch.Tensor | None = None  # [slots, slot bytes] uint8
+        self._slots: np.ndarray | None = None  # the same memory, for byte copies
+        self._free: list[int] = []
+
+    @property
+    def slot_bytes(self) -> int | None:
+        return None if self._arena is None else self._arena.shape[1]
+
+    def copy_out(
+        self,
+        ns: Namespace,
+        hashes: list[int],
+        kv_format: str,
+        shape: tuple[int, ...] | None,
+        to_device: ToDevice,
+    ) -> list[torch.Tensor | None]:
+        """The leading run of `hashes` held here, as blocks of `kv_format` and `shape` on the
+        device: `to_device` copies them there (into memory of its own: the slots may be reused
+        once this returns) and returns once they are. A value whose header
+        does not hold is dropped and counted as corrupt; the run ends before it."""
+        views: list[torch.Tensor] = []
+        with self._lock:
+            for h in hashes:
+                entry = self._entries.get((ns.hex, h))
+                if entry is None:
+                    break
+                slot, size = entry[1], entry[2]
+                try:
+                    header = read_header(memoryview(self._slots[slot]))
+                    expect_block(header, kv_format, shape)
+                except CorruptBlock:
+                    self.stats.corrupt += 1
+                    self._entries.pop((ns.hex, h))
+                    self._used -= size
+                    self._drop(slot)
+                    break
+                self._entries.move_to_end((ns.hex, h))
+                self.stats.bytes_read += size
+                payload = self._arena[slot, HEADER_SIZE:]
+                views.append(payload.view(header.dtype).view(header.shape))
+            blocks: list[torch.Tensor | None] = list(to_device(views))
+        return blocks + [None] * (len(hashes) - len(blocks))
+
+    def close(self) -> None:
+        super().close()
+        with self._lock:
+            self._arena = self._slots = None
+            self._free = []
+
+    def _fits(self, size: int) -> bool:
+        if self._arena is None and size <= self.capacity_bytes:
+            slots = self.capacity_bytes // size
+            self._arena = torch.empty((slots, size), dtype=torch.uint8, pin_memory=self.pin)
+            self._slots = self._arena.numpy()
+            self._free = list(range(slots - 1, -1, -1))
+        return size == self.slot_bytes
+
+    def _keep(self, value: bytes) -> int:
+        slot = self._free.pop()  # _make_room left one: every value has the slot size
+        self._slots[slot] = np.frombuffer(value, dtype=np.uint8)
+        return slot
+
+    def _value(self, kept: int) -> bytes:
+        return self._slots[kept].tobytes()
+
+    def _drop(self, kept: int) -> None:
+        self._free.append(kept)
