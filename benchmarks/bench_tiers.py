@@ -6,6 +6,9 @@
     python -m benchmarks.bench_tiers --sections cluster    # Redis Cluster next to one Redis
     python -m benchmarks.bench_tiers --sections itl        # running streams' time per token
                                                            # while others load (tier_itl.py)
+    python -m benchmarks.bench_tiers --sections device --device cuda
+                                                           # host-tier spill / load GB/s to
+                                                           # the pool's device (tier_device.py)
 
 Prints a table per section and writes benchmarks/results/bench_tiers.json. Starts its own
 redis-server on a free loopback port (and, for `cluster`, a 3-master Redis Cluster). Disk numbers
@@ -28,6 +31,7 @@ import redis
 import redis.utils
 import torch
 
+from benchmarks.tier_device import bench_device
 from benchmarks.tier_itl import bench_itl
 from engine.kv.admin import Flush
 from engine.llm import LLM
@@ -39,7 +43,7 @@ from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
-RESULTS = ROOT / "benchmarks" / "results" / "bench_tiers.json"
+RESULTS_DIR = ROOT / "benchmarks" / "results"
 # SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64, bfloat16, 16-token blocks
 DEFAULT_BLOCK = (30, 2, 16, 3, 64)
 BATCH = 32  # blocks per tier call, as the TieredStore's loader does
@@ -529,21 +533,30 @@ def bench_cluster(server: RedisServer, tmp: Path, quick: bool) -> dict[str, list
     return {"bandwidth": bandwidth, "ttft": ttfts}
 
 
-def save(results: dict[str, object]) -> None:
+def save(results: dict[str, object], path: Path) -> None:
     """Merges into the JSON file: the sections run now replace theirs, others are kept."""
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    RESULTS.write_text(json.dumps(previous | results, indent=2))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps(previous | results, indent=2))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default="bandwidth,loadback,chat,itl")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default="cpu", help="the KV pool's device (section device)")
+    parser.add_argument("--out", default="bench_tiers", help="results/<out>.json")
     args = parser.parse_args()
     sections = args.sections.split(",")
     torch.manual_seed(0)
     quick = args.quick
+    results = RESULTS_DIR / f"{args.out}.json"
+    if "device" in sections:  # needs no Redis (a GPU machine may have none)
+        sections.remove("device")
+        rows = bench_device(args.device, 64 if quick else 512, 3 if quick else 5)
+        save({"device": {"quick": quick, "rows": rows}}, results)
+    if not sections:
+        return print(f"\nwrote {results}")
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp))
         server.start()
@@ -563,10 +576,10 @@ def main() -> None:
                     rows = bench_chat(server, Path(tmp), users, turns, answer=8)
                 else:
                     raise SystemExit(f"unknown section {section!r}")
-                save({section: {"quick": quick, "rows": rows}})
+                save({section: {"quick": quick, "rows": rows}}, results)
         finally:
             server.stop()
-    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    print(f"\nwrote {results}")
 
 
 if __name__ == "__main__":

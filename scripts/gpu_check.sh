@@ -6,8 +6,9 @@
 #    references, the engine on CUDA against transformers, the cache and speculation on and off,
 #    decode steps replayed from CUDA graphs against eager ones (tokens, launches per step, graph
 #    memory against the KV budget's reserve) (tests/engine/test_cuda.py);
-# 2. bench_cuda_step (graphs on and off), bench_engine and bench_spec with --device cuda (the
-#    default model must be in the cache folder already, or reachable: `radixcache pull`).
+# 2. bench_cuda_step (graphs on and off), bench_engine, bench_tiers' device section (host-tier
+#    spill and load GB/s, pinned) and bench_spec with --device cuda (the default model must be in
+#    the cache folder already, or reachable: `radixcache pull`).
 # Each stage has a time bound and its own log, and all of them together stay within TOTAL_S
 # (a stage gets what is left, and is skipped under 20 s); the JSON results are copied into
 # OUT_DIR with stages.json (each stage's exit status and seconds).
@@ -47,10 +48,12 @@ stage bench_cuda_step "${STEP_S:-120}" $py -m benchmarks.bench_cuda_step --steps
     --graphs on off --out cuda_step
 stage bench_engine "${ENGINE_S:-120}" $py -m benchmarks.bench_engine --device cuda \
     --workloads gsp mt --out engine_cuda
+stage bench_tiers "${TIERS_S:-60}" $py -m benchmarks.bench_tiers --sections device --device cuda \
+    --out tiers_cuda
 stage bench_spec "${SPEC_S:-120}" $py -m benchmarks.bench_spec --device cuda \
     --workloads ${SPEC_WORKLOADS:-repeat edit chat gsp-small} --batches 1 8 --modes off cache \
     --out spec_cuda
-for name in cuda_step engine_cuda spec_cuda; do
+for name in cuda_step engine_cuda tiers_cuda spec_cuda; do
     cp "benchmarks/results/$name.json" "$out"/ 2>/dev/null
 done
 (IFS=,; echo "{${stages[*]}}") >"$out/stages.json"

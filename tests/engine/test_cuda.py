@@ -230,6 +230,32 @@ def test_spill_tiers_on_cuda_load_back_the_same_outputs(make_llm, tmp_path, tier
     assert _released(llm)
 
 
+def test_host_tier_round_trip_through_the_side_streams():
+    """Spills copy on a side stream while the engine goes on; loads come back on the GPU. The
+    spilled blocks are fresh tensors whose memory is handed back (and overwritten) before the
+    writer has read them: their copies must still see the old contents."""
+    from radixcache.hashing import Namespace, block_hashes
+    from storage.config import TierConfig
+    from storage.tiered import TieredStore
+
+    store = TieredStore(TierConfig(host_bytes=1 << 26), device="cuda")
+    assert isinstance(store.tiers[0], PinnedHostTier)
+    ns = Namespace(model_id="cuda-side-streams", kv_dtype="bfloat16", block_size=16)
+    shape = (4, 2, 16, 2, 64)
+    blocks = [torch.randn(shape, device="cuda").to(torch.bfloat16) for _ in range(32)]
+    want = [b.cpu() for b in blocks]
+    hashes = block_hashes(ns, list(range(32 * 16)))
+    store.store(ns, list(zip(hashes, blocks, strict=True)))
+    del blocks
+    junk = [torch.full(shape, 7.0, dtype=torch.bfloat16, device="cuda") for _ in range(32)]
+    assert store.wait_idle(30)
+    got = store.load_prefix(ns, hashes, deadline_s=30, shape=shape)
+    assert len(got.blocks) == 32 and all(b.device.type == "cuda" for b in got.blocks)
+    assert all(torch.equal(b.cpu(), w) for b, w in zip(got.blocks, want, strict=True))
+    assert junk[0].sum() != 0
+    store.close()
+
+
 def _graphs_on_and_off(make_llm, model=None, **settings):
     """(graphs-on LLM, its outputs, graphs-off outputs) over prompts that finish at different
     times (batches of every size, so most steps are padded)."""
