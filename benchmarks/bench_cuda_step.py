@@ -3,7 +3,9 @@ in kernels, how many kernels run and how many launches the host makes for them (
 with decode steps replayed from CUDA graphs (engine/cuda_graphs/runner.py) and without. A step whose GPU
 is busy for a small share of its wall time is bound by the host (Python, launches), not by the
 GPU. The busy share is read in the profiled steps (the profiler slows the host and adds to each
-kernel). A graph replay is one launch however many kernels it runs.
+kernel). A graph replay is one launch however many kernels it runs. Host syncs per step count
+the synchronizing CUDA calls (torch's sync debug mode): the one a step needs is the copy of its
+sampled tokens.
 
     python -m benchmarks.bench_cuda_step [--model FOLDER] [--batches 1 8 32] [--steps 32]
         [--graphs on off]
@@ -18,6 +20,7 @@ import argparse
 import random
 import statistics
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -68,6 +71,19 @@ def launches(prof: profile) -> int:
     )
 
 
+def host_syncs(engine: LLMEngine, steps: int) -> float:
+    """Synchronizing CUDA calls per step (torch's sync debug mode): 1 is the sampled tokens."""
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(steps):
+                engine.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught) / steps
+
+
 def bench_batch(engine: LLMEngine, batch: int, steps: int, vocab: int) -> dict:
     ids = start_decoding(engine, batch, steps, vocab)
     walls = []
@@ -86,6 +102,7 @@ def bench_batch(engine: LLMEngine, batch: int, steps: int, vocab: int) -> dict:
             torch.cuda.synchronize()
         profiled = (time.perf_counter() - t0) / steps  # the profiler slows the host down
     ran, busy = kernels(prof)
+    syncs = host_syncs(engine, steps) if cuda else None
     for request_id in ids:
         engine.abort(request_id)
     step = statistics.median(walls)
@@ -99,6 +116,7 @@ def bench_batch(engine: LLMEngine, batch: int, steps: int, vocab: int) -> dict:
         "gpu_busy_share": busy / steps / profiled,
         "kernels_per_step": ran / steps,
         "launches_per_step": launches(prof) / steps,
+        "host_syncs_per_step": syncs,
         "tokens_per_s": batch / step,
     }
 
@@ -152,13 +170,13 @@ def main() -> None:
     print(
         f"{'graphs':>6} {'batch':>5} {'step ms':>8} {'forward ms':>10} {'GPU busy ms':>11}", end=""
     )
-    print(f" {'busy':>5} {'kernels':>8} {'launches':>8} {'tok/s':>8}")
+    print(f" {'busy':>5} {'kernels':>8} {'launches':>8} {'syncs':>5} {'tok/s':>8}")
     for r in rows:
         print(
             f"{'on' if r['graphs'] else 'off':>6} {r['batch']:>5} {r['step_ms']:>8.2f} "
             f"{r['forward_ms']:>10.2f} {r['gpu_busy_ms']:>11.2f} {r['gpu_busy_share']:>5.0%} "
             f"{r['kernels_per_step']:>8.0f} {r['launches_per_step']:>8.0f} "
-            f"{r['tokens_per_s']:>8.0f}"
+            f"{r['host_syncs_per_step'] or 0:>5.1f} {r['tokens_per_s']:>8.0f}"
         )
     for graphs, figures in capture.items():
         print(f"graphs {graphs}: " + ", ".join(f"{k} {v}" for k, v in figures.items()))

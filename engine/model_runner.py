@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from array import array
 from dataclasses import dataclass
@@ -12,8 +13,10 @@ import torch
 from torch.profiler import record_function
 
 from engine.attention import build_attention_metadata, compute_positions
+from engine.attention.metadata import AttentionMetadata
 from engine.kv.hybrid_cache import HybridKVCache
 from engine.models.llama import WindowedKV
+from engine.step_upload import StepUpload
 
 if TYPE_CHECKING:
     from engine.cuda_graphs import DecodeGraphs
@@ -23,10 +26,24 @@ if TYPE_CHECKING:
 
 @dataclass
 class ForwardResult:
+    """On a GPU the logits stay there and the forward may still be running: the sampler's
+    copy of its tokens is the step's one wait for the device."""
+
     logits: torch.Tensor  # float32 [R, vocab]: num_rows[i] rows per sampling sequence i
     sample_index: list[int]  # batch index (into batch.seqs) of each sampling sequence
-    forward_time: float  # seconds inside the model (forward + logits)
+    forward_time: float  # seconds inside the model (forward + logits): on a GPU see elapsed()
     num_rows: list[int] | None = None  # None: one row each; else 1 + its draft's length
+    gpu_span: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # the forward on the GPU
+
+    def elapsed(self) -> float:
+        """Seconds of the forward: the GPU's, from its events (waits for the forward if nothing
+        has waited yet: a step that samples no token), else the host's."""
+        if self.gpu_span is None:
+            return self.forward_time
+        start, end = self.gpu_span
+        if not end.query():
+            end.synchronize()
+        return start.elapsed_time(end) / 1000
 
 
 class ModelRunner:
@@ -36,12 +53,14 @@ class ModelRunner:
         kv_cache: KVCache,
         device: torch.device,
         graphs: DecodeGraphs | None = None,  # replays decode steps; None: every step eager
+        upload: StepUpload | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.device = device
         self.block_size = kv_cache.block_size
         self.graphs = graphs
+        self.upload = StepUpload(device) if upload is None else upload
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> ForwardResult:
@@ -55,29 +74,16 @@ class ModelRunner:
             flat.extend(drafts.get(b, ()))
         query_lens = [n + len(drafts.get(b, ())) for b, n in enumerate(batch.num_new_tokens)]
         seq_lens = [c + n for c, n in zip(starts, query_lens, strict=True)]
-        input_ids = torch.from_numpy(np.frombuffer(flat, dtype=np.int64).copy()).to(self.device)
-        positions = torch.from_numpy(compute_positions(query_lens, seq_lens)).to(self.device)
+        input_ids = torch.from_numpy(np.frombuffer(flat, dtype=np.int64).copy())
+        positions = torch.from_numpy(compute_positions(query_lens, seq_lens))
         verify = [b in drafts for b in range(len(batch.seqs))]  # a draft follows its last token
-        meta = build_attention_metadata(
-            query_lens,
-            seq_lens,
-            [s.block_ids for s in batch.seqs],
-            self.block_size,
-            self.device,
-            verify,
-        )
-        windowed = None
+        tables = [[s.block_ids for s in batch.seqs]]
         if isinstance(self.kv_cache, HybridKVCache):
-            window_meta = build_attention_metadata(
-                query_lens,
-                seq_lens,
-                [s.window_block_ids for s in batch.seqs],
-                self.block_size,
-                self.device,
-                verify,
-            )
-            layers = self.kv_cache.groups.window_layers
-            windowed = WindowedKV(self.kv_cache.window_tensor, window_meta, layers)
+            tables.append([s.window_block_ids for s in batch.seqs])
+        metas = [
+            build_attention_metadata(query_lens, seq_lens, t, self.block_size, "cpu", verify)
+            for t in tables
+        ]
         sample_index = [
             b
             for b, (s, end) in enumerate(zip(batch.seqs, chunk_ends, strict=True))
@@ -85,7 +91,17 @@ class ModelRunner:
         ]
         num_rows = [1 + len(drafts.get(b, ())) for b in sample_index] if drafts else None
         last_rows = _logit_rows(np.cumsum(query_lens)[sample_index], num_rows)
+        rows = torch.from_numpy(last_rows.astype(np.int64))
+        input_ids, positions, rows, *metas = self._to_device(input_ids, positions, rows, metas)
+        meta, windowed = metas[0], None
+        if len(metas) > 1:
+            layers = self.kv_cache.groups.window_layers
+            windowed = WindowedKV(self.kv_cache.window_tensor, metas[1], layers)
         t0 = time.perf_counter()
+        span = None
+        if self.device.type == "cuda":
+            span = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            span[0].record()
         with record_function(_range_name(query_lens, seq_lens)):
             hidden = None
             if self.graphs is not None and windowed is None:
@@ -94,11 +110,29 @@ class ModelRunner:
                 hidden = self.model.forward(
                     input_ids, positions, self.kv_cache.tensor, meta, windowed
                 )
-            rows = torch.from_numpy(last_rows.astype(np.int64)).to(self.device)
             logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return ForwardResult(logits.cpu(), sample_index, time.perf_counter() - t0, num_rows)
+        if span is not None:
+            span[1].record()
+        forward_s = time.perf_counter() - t0
+        return ForwardResult(logits, sample_index, forward_s, num_rows, span)
+
+    def _to_device(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        rows: torch.Tensor,
+        metas: list[AttentionMetadata],
+    ) -> list:
+        """The step's host-built tensors on the device, in one upload (StepUpload)."""
+        fields = ("cu_seqlens_q", "seq_lens", "block_tables", "slot_mapping")
+        tensors = [input_ids, positions, rows] + [getattr(m, f) for m in metas for f in fields]
+        moved = self.upload(tensors)
+        out: list = moved[:3]
+        for i, m in enumerate(metas):
+            start = 3 + i * len(fields)
+            values = moved[start : start + len(fields)]
+            out.append(dataclasses.replace(m, **dict(zip(fields, values, strict=True))))
+        return out
 
 
 def _logit_rows(ends: np.ndarray, num_rows: list[int] | None) -> np.ndarray:

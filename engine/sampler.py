@@ -62,6 +62,10 @@ class Sampler:
     ) -> SamplerOutput:
         # logits: [S, vocab] float32, one row per entry of `rows`
         params = [r.params for r in rows]
+        if logits.device.type != "cpu":  # a GPU's: its tokens' copy is the step's one wait
+            if masks is None and all(plain_greedy(p) for p in params):
+                return SamplerOutput(logits.argmax(dim=-1).tolist(), None, None)
+            logits = logits.cpu()  # the other transforms (and per-request generators) run here
         if any(p.logit_bias for p in params):
             logits = apply_logit_bias(logits, params)
         if masks is not None:
@@ -115,6 +119,11 @@ class Sampler:
         # right=True: the first index whose sum exceeds u, so a zero-probability token (its sum
         # equal to its predecessor's) is never chosen; u < total keeps it inside the vocabulary
         return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+
+def plain_greedy(p: SamplingParams) -> bool:
+    """The token is the argmax of the raw logits: nothing else of the row is needed."""
+    return p.greedy and not p.has_penalties and not p.logit_bias and p.logprobs is None
 
 
 def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.sampler import Sampler, SamplerOutput, SampleRow
+from engine.sampler import Sampler, SamplerOutput, SampleRow, plain_greedy
 from engine.speculative.config import SpecConfig
 from engine.speculative.draft_length import SourceRates, draft_plan
 from engine.speculative.proposer import DraftProposer, SeqDrafts
@@ -191,10 +191,8 @@ class Speculator:
 def _plain_argmax(drafted: list[Drafted]) -> list[list[int]] | None:
     """Every position's token at once when every row is greedy on the raw logits (no penalty,
     bias or logprobs: nothing depends on the tokens accepted before), else None."""
-    for d in drafted:
-        p = d.seq.params
-        if not p.greedy or p.has_penalties or p.logit_bias or p.logprobs is not None:
-            return None
+    if not all(plain_greedy(d.seq.params) for d in drafted):
+        return None
     tokens = torch.cat([d.logits for d in drafted]).argmax(dim=-1).tolist()
     out, start = [], 0
     for d in drafted:

@@ -256,6 +256,34 @@ def test_host_tier_round_trip_through_the_side_streams():
     store.close()
 
 
+def test_a_decode_step_waits_for_the_gpu_once(make_llm):
+    """A step's inputs go up in one asynchronous copy and its logits stay on the GPU: the one
+    synchronizing call of a greedy decode step is the copy of its sampled tokens."""
+    import warnings
+
+    from engine.request import Prompt
+
+    llm = make_llm(device="cuda")
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    for i, prompt in enumerate(_prompts(4)):
+        engine.add_request(f"r{i}", Prompt(prompt), params)
+    for _ in range(3):
+        engine.step()
+    while engine.stats.recent[-1].num_prefill_tokens:
+        engine.step()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert engine.stats.recent[-1].num_decode_tokens == 4
+    assert len(syncs) == 1, syncs
+
+
 def _graphs_on_and_off(make_llm, model=None, **settings):
     """(graphs-on LLM, its outputs, graphs-off outputs) over prompts that finish at different
     times (batches of every size, so most steps are padded)."""
