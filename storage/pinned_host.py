@@ -3,8 +3,8 @@
 A copy from pinned memory to the GPU runs asynchronously at the link's speed; from ordinary
 (pageable) memory the driver stages it through a bounce buffer. Every value of one engine's tiers
 has the same size (one block in one format), so the arena is cut into equal slots, sized by the
-first value written and made then (the whole budget at once: pinning it later, value by value,
-would stall the writer). A value of another size is refused.
+first value written and made then (the whole budget pinned at once, in place: pinning it later,
+value by value, would stall the writer). A value of another size is refused.
 
 Loads copy straight from a slot to the device (copy_out) under the tier's lock, so the slot cannot
 be reused while the copy reads it. pin=False keeps the arena in ordinary memory: the same tier on
@@ -13,6 +13,7 @@ a CPU, for tests.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,8 @@ from storage.host import HostTier
 if TYPE_CHECKING:
     from radixcache.hashing import Namespace
     from storage.base import SpillDown
+
+log = logging.getLogger(__name__)
 
 ToDevice = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 
@@ -81,13 +84,17 @@ class PinnedHostTier(HostTier):
     def close(self) -> None:
         super().close()
         with self._lock:
+            if self.pin and self._arena is not None:
+                _unregister(self._arena)
             self._arena = self._slots = None
             self._free = []
 
     def _fits(self, size: int) -> bool:
         if self._arena is None and size <= self.capacity_bytes:
             slots = self.capacity_bytes // size
-            self._arena = torch.empty((slots, size), dtype=torch.uint8, pin_memory=self.pin)
+            self._arena = torch.empty((slots, size), dtype=torch.uint8)
+            if self.pin and not _register(self._arena):
+                self.pin = False  # loads still work, through the driver's staging copies
             self._slots = self._arena.numpy()
             self._free = list(range(slots - 1, -1, -1))
         return size == self.slot_bytes
@@ -102,3 +109,19 @@ class PinnedHostTier(HostTier):
 
     def _drop(self, kept: int) -> None:
         self._free.append(kept)
+
+
+def _register(arena: torch.Tensor) -> bool:
+    """Pins the arena where it lies (pin_memory=True would go through torch's caching host
+    allocator, which rounds a size up to a power of two: up to twice the budget pinned).
+    False, with a warning, when the driver refuses (a locked-memory limit, say)."""
+    error = int(torch.cuda.cudart().cudaHostRegister(arena.data_ptr(), arena.nbytes, 0))
+    if error:
+        log.warning(
+            "host tier left unpinned: pinning %d B failed (CUDA error %d)", arena.nbytes, error
+        )
+    return not error
+
+
+def _unregister(arena: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(arena.data_ptr())
