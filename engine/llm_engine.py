@@ -183,7 +183,10 @@ class LLMEngine:
                 plain.append(seq)
                 plain_rows.append(row)
             row += n
-        return plain, result.logits[plain_rows], drafted
+        # slices, not an index list: a list would go to a GPU as a copy the host waits for
+        logits = result.logits
+        picked = torch.cat([logits[r : r + 1] for r in plain_rows]) if plain_rows else logits[:0]
+        return plain, picked, drafted
 
     def _verify(self, drafted: list[Drafted]) -> list[Sequence]:
         """Accepts each draft's tokens one by one; the verified KV goes to the tree, the

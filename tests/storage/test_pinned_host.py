@@ -107,3 +107,37 @@ def test_a_snapshot_is_a_copy(ns: Namespace) -> None:
     ready()
     pool.zero_()
     assert torch.equal(snap, make_block(0))
+
+
+def test_loads_racing_writes_never_see_a_reused_slot(ns: Namespace) -> None:
+    """The writer keeps putting blocks (every put evicts, so slots are reused) while this thread
+    copies out whatever the tier holds: every block it gets is the one stored under its hash."""
+    import threading
+
+    tier = PinnedHostTier(4 * VALUE_BYTES, pin=False)
+    hashes = chain(ns, 64)
+    values = dict(encoded(hashes))
+    want = {h: make_block(i) for i, h in enumerate(hashes)}
+    enough, done = threading.Event(), threading.Event()
+
+    def write() -> None:  # until this thread has checked 300 blocks
+        rounds = 0
+        while not enough.is_set() and rounds < 10_000:
+            for h in hashes:
+                tier.put(ns, [(h, values[h])])
+            rounds += 1
+        done.set()
+
+    checked = 0
+    writer = threading.Thread(target=write)
+    writer.start()
+    while not done.is_set():
+        for h in hashes[checked % 7 :: 7]:
+            (block,) = copy_out(tier, ns, [h])
+            if block is not None:
+                assert torch.equal(block, want[h])
+                checked += 1
+        if checked >= 300:
+            enough.set()
+    writer.join()
+    assert checked >= 300 and tier.stats.evictions > 300
