@@ -6,9 +6,9 @@
 #    references, the engine on CUDA against transformers, the cache and speculation on and off,
 #    decode steps replayed from CUDA graphs against eager ones (tokens, launches per step, graph
 #    memory against the KV budget's reserve) (tests/engine/test_cuda.py);
-# 2. bench_cuda_step (graphs on and off), bench_engine, bench_tiers' device section (host-tier
-#    spill and load GB/s, pinned) and bench_spec with --device cuda (the default model must be in
-#    the cache folder already, or reachable: `radixcache pull`).
+# 2. bench_cuda_step (graphs on and off, host syncs per step), bench_tiers' device section
+#    (host-tier spill and load GB/s, pinned), bench_engine and bench_spec with --device cuda (the
+#    default model must be in the cache folder already, or reachable: `radixcache pull`).
 # Each stage has a time bound and its own log, and all of them together stay within TOTAL_S
 # (a stage gets what is left, and is skipped under 20 s); the JSON results are copied into
 # OUT_DIR with stages.json (each stage's exit status and seconds).
@@ -46,10 +46,10 @@ stage cuda_tests "${TESTS_S:-210}" $py -m pytest -q -p no:cacheprovider -m cuda 
     -o junit_logging=system-out
 stage bench_cuda_step "${STEP_S:-120}" $py -m benchmarks.bench_cuda_step --steps 16 \
     --graphs on off --out cuda_step
-stage bench_engine "${ENGINE_S:-120}" $py -m benchmarks.bench_engine --device cuda \
-    --workloads gsp mt --out engine_cuda
 stage bench_tiers "${TIERS_S:-60}" $py -m benchmarks.bench_tiers --sections device --device cuda \
     --out tiers_cuda
+stage bench_engine "${ENGINE_S:-120}" $py -m benchmarks.bench_engine --device cuda \
+    --workloads gsp mt --out engine_cuda
 stage bench_spec "${SPEC_S:-120}" $py -m benchmarks.bench_spec --device cuda \
     --workloads ${SPEC_WORKLOADS:-repeat edit chat gsp-small} --batches 1 8 --modes off cache \
     --out spec_cuda
