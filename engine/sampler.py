@@ -4,6 +4,11 @@ per-row seeds, logprobs.
 Every transform runs on the whole [S, vocab] batch; the only per-row Python is drawing the uniform
 of rows that carry their own torch.Generator (a generator cannot be shared across rows).
 
+It runs where the logits are. On a GPU the per-row values (temperatures, top-k, the uniforms
+drawn from the CPU generators, grammar masks...) go up from pinned memory without a wait, and the
+step waits once, for the sampled tokens (and for the logprobs of rows that asked for them). The
+uniforms come from the same CPU generators on every device, so a seed means the same draw.
+
 Order: logit_bias, then the grammar masks (one torch.where over the batch), then the
 logprobs are taken, then penalties, temperature, top-k/top-p/min-p and the draw (or argmax). So a
 constrained row's logprobs are those of the constrained distribution: the model's, biased, with
@@ -62,10 +67,6 @@ class Sampler:
     ) -> SamplerOutput:
         # logits: [S, vocab] float32, one row per entry of `rows`
         params = [r.params for r in rows]
-        if logits.device.type != "cpu":  # a GPU's: its tokens' copy is the step's one wait
-            if masks is None and all(plain_greedy(p) for p in params):
-                return SamplerOutput(logits.argmax(dim=-1).tolist(), None, None)
-            logits = logits.cpu()  # the other transforms (and per-request generators) run here
         if any(p.logit_bias for p in params):
             logits = apply_logit_bias(logits, params)
         if masks is not None:
@@ -88,17 +89,17 @@ class Sampler:
         self, logits: torch.Tensor, rows: list[SampleRow], greedy: list[bool]
     ) -> torch.Tensor:
         params = [r.params for r in rows]
-        temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
-        scaled = logits / temps.unsqueeze(1)
+        temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+        scaled = logits / on_device(temps, torch.float32, logits.device).unsqueeze(1)
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
             scaled = apply_top_k_top_p(scaled, params)
         probs = torch.softmax(scaled, dim=-1)
         if any(p.min_p > 0 for p in params):
-            min_p = torch.tensor([p.min_p for p in params]).unsqueeze(1)
-            probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+            min_p = on_device([p.min_p for p in params], torch.float32, logits.device)
+            probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs.amax(-1, True), 0.0)
         sampled = self._inverse_cdf(probs, rows)
-        greedy_t = torch.tensor(greedy)
-        if greedy_t.any():
+        if any(greedy):
+            greedy_t = on_device(greedy, torch.bool, logits.device)
             sampled = torch.where(greedy_t, logits.argmax(dim=-1), sampled)
         return sampled
 
@@ -115,10 +116,20 @@ class Sampler:
         for i, r in enumerate(rows):
             if r.generator is not None:
                 u[i] = torch.rand(1, dtype=torch.float64, generator=r.generator)
-        u.mul_(cdf[:, -1:])
+        u = on_device(u, torch.float64, probs.device).mul_(cdf[:, -1:])
         # right=True: the first index whose sum exceeds u, so a zero-probability token (its sum
         # equal to its predecessor's) is never chosen; u < total keeps it inside the vocabulary
         return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+
+def on_device(values: object, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`values` (a list, or a CPU tensor) as a tensor on `device`: on a GPU copied from pinned
+    memory without a wait (torch keeps the pinned block until the copy is done)."""
+    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    host = host.to(dtype)
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def plain_greedy(p: SamplingParams) -> bool:
@@ -133,51 +144,58 @@ def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torc
     if not at:
         return logits
     row, token, bias = zip(*at, strict=True)
-    index = (torch.tensor(row), torch.tensor(token))
-    return logits.index_put(index, torch.tensor(bias, dtype=logits.dtype), accumulate=True)
+    device = logits.device
+    index = (on_device(row, torch.int64, device), on_device(token, torch.int64, device))
+    return logits.index_put(index, on_device(bias, logits.dtype, device), accumulate=True)
 
 
 def apply_token_masks(logits: torch.Tensor, masks: TokenMasks) -> torch.Tensor:
     """Disallowed tokens of the masked rows at -inf: one pass over the batch (torch.where, not
     masked_fill, which branches per element)."""
-    banned = masks.banned(*logits.shape)
-    return torch.where(banned, torch.tensor(float("-inf"), dtype=logits.dtype), logits)
+    banned = on_device(masks.banned(*logits.shape), torch.bool, logits.device)
+    return torch.where(banned, logits.new_full((), float("-inf")), logits)
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     num_rows, vocab = logits.shape
-    logits = logits.clone()
-    rep = torch.tensor([r.params.repetition_penalty for r in rows]).unsqueeze(1)
-    if (rep != 1.0).any():
-        seen = _token_counts(vocab, [r.token_ids for r in rows]) > 0
+    logits, device, params = logits.clone(), logits.device, [r.params for r in rows]
+    if any(p.repetition_penalty != 1.0 for p in params):
+        rep = on_device([p.repetition_penalty for p in params], torch.float32, device)
+        rep = rep.unsqueeze(1)
+        seen = _token_counts(vocab, [r.token_ids for r in rows], device) > 0
         penalised = torch.where(logits > 0, logits / rep, logits * rep)
         logits = torch.where(seen, penalised, logits)
-    freq = torch.tensor([r.params.frequency_penalty for r in rows]).unsqueeze(1)
-    pres = torch.tensor([r.params.presence_penalty for r in rows]).unsqueeze(1)
-    if (freq != 0).any() or (pres != 0).any():
-        counts = _token_counts(vocab, [r.token_ids[r.num_prompt_tokens :] for r in rows])
-        logits = logits - freq * counts - pres * (counts > 0).float()
+    if any(p.frequency_penalty != 0 or p.presence_penalty != 0 for p in params):
+        freq = on_device([p.frequency_penalty for p in params], torch.float32, device)
+        pres = on_device([p.presence_penalty for p in params], torch.float32, device)
+        outputs = [r.token_ids[r.num_prompt_tokens :] for r in rows]
+        counts = _token_counts(vocab, outputs, device)
+        logits = logits - freq.unsqueeze(1) * counts - pres.unsqueeze(1) * (counts > 0).float()
     return logits
 
 
-def _token_counts(vocab: int, seqs: list[array | list[int]]) -> torch.Tensor:
+def _token_counts(
+    vocab: int, seqs: list[array | list[int]], device: torch.device | None = None
+) -> torch.Tensor:
     # counts[r, t] = occurrences of token t in seqs[r]; padded with an extra sink column
     width = max((len(s) for s in seqs), default=0)
     ids = torch.full((len(seqs), max(width, 1)), vocab, dtype=torch.int64)
     for i, s in enumerate(seqs):
         if s:
             ids[i, : len(s)] = torch.from_numpy(np.asarray(s, dtype=np.int64))
-    counts = torch.zeros(len(seqs), vocab + 1)
+    ids = on_device(ids, torch.int64, device or ids.device)
+    counts = torch.zeros(len(seqs), vocab + 1, device=ids.device)
     counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
     return counts[:, :vocab]
 
 
 def apply_top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    vocab = logits.shape[1]
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).unsqueeze(1)
-    top_p = torch.tensor([p.top_p for p in params]).unsqueeze(1)
+    vocab, device = logits.shape[1], logits.device
+    top_k = on_device([p.top_k if p.top_k > 0 else vocab for p in params], torch.int64, device)
+    top_k = top_k.unsqueeze(1)
+    top_p = on_device([p.top_p for p in params], torch.float32, device).unsqueeze(1)
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab).unsqueeze(0)
+    ranks = torch.arange(vocab, device=device).unsqueeze(0)
     drop = ranks >= top_k
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs

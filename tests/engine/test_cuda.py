@@ -284,6 +284,47 @@ def test_a_decode_step_waits_for_the_gpu_once(make_llm):
     assert len(syncs) == 1, syncs
 
 
+def test_sampling_on_the_gpu_draws_what_the_host_draws():
+    """Temperature, top-k / top-p / min-p, penalties, a bias, per-request seeds and logprobs on
+    GPU logits give the host's tokens (the uniforms come from the same CPU generators), and the
+    sampler waits for the GPU only to read its results."""
+    import warnings
+
+    from engine.sampler import Sampler, SampleRow
+
+    kinds = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.8, top_p=0.9),
+        SamplingParams(temperature=1.0, top_k=5, min_p=0.05),
+        SamplingParams(temperature=0.7, repetition_penalty=1.3, presence_penalty=0.5),
+        SamplingParams(temperature=1.2, logit_bias={3: 5.0, 7: -100.0}, seed=11),
+    ]
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(40, 512, generator=gen) * 4
+
+    def rows() -> list[SampleRow]:
+        out = []
+        for i in range(40):
+            p = kinds[i % len(kinds)]
+            seed = None if p.seed is None else torch.Generator().manual_seed(p.seed + i)
+            out.append(SampleRow(p, [i % 97, (3 * i) % 97, 7], 2, seed))
+        return out
+
+    want = Sampler(seed=3)(logits, rows()).token_ids
+    on_gpu = logits.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = Sampler(seed=3)(on_gpu, rows()).token_ids
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert got == want
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, syncs  # the tokens' copy
+
+
 def _graphs_on_and_off(make_llm, model=None, **settings):
     """(graphs-on LLM, its outputs, graphs-off outputs) over prompts that finish at different
     times (batches of every size, so most steps are padded)."""
