@@ -209,6 +209,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="CUDA: run every decode step eagerly instead of replaying graphs captured at start",
     )
+    g.add_argument(
+        "--no-async-scheduling",
+        action="store_true",
+        help="CUDA: read each step's sampled tokens before scheduling the next step (by default "
+        "the next step is scheduled and launched while the GPU still samples)",
+    )
 
 
 def _tier_args(p: argparse.ArgumentParser) -> None:
@@ -493,6 +499,7 @@ def engine_config(args: argparse.Namespace, model_path: Path) -> Any:
         num_speculative_tokens=args.num_speculative_tokens,
         speculative_step_cost=args.speculative_step_cost,
         cuda_graphs=not args.no_cuda_graphs,
+        async_scheduling=False if args.no_async_scheduling else None,
     )
 
 

@@ -47,7 +47,10 @@ def start_decoding(engine: LLMEngine, batch: int, steps: int, vocab: int) -> lis
         engine.add_request(request_id, Prompt(tokens), params)
     while True:
         engine.step()
-        if engine.stats.recent[-1].num_prefill_tokens == 0:
+        running = engine.scheduler.running
+        if len(running) == batch and all(
+            s.num_computed_tokens >= s.num_prompt_tokens for s in running
+        ):
             return ids
 
 
@@ -84,7 +87,8 @@ def host_syncs(engine: LLMEngine, steps: int) -> float:
     return sum("synchroniz" in str(w.message) for w in caught) / steps
 
 
-def bench_batch(engine: LLMEngine, batch: int, steps: int, vocab: int) -> dict:
+def bench_batch(engine: LLMEngine, batch: int, steps: int, vocab: int, ahead: bool) -> dict:
+    engine.run_ahead = ahead
     ids = start_decoding(engine, batch, steps, vocab)
     walls = []
     for _ in range(steps):
@@ -108,6 +112,7 @@ def bench_batch(engine: LLMEngine, batch: int, steps: int, vocab: int) -> dict:
     step = statistics.median(walls)
     return {
         "graphs": engine.runner.graphs is not None,
+        "run_ahead": ahead,
         "batch": batch,
         "step_ms": 1000 * step,
         "forward_ms": 1000 * statistics.median(forwards),
@@ -146,6 +151,13 @@ def main() -> None:
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--graphs", nargs="+", choices=["on", "off"], default=["on", "off"])
+    p.add_argument(
+        "--run-ahead",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on", "off"],
+        help="steps launched before the previous step's tokens are read (async scheduling)",
+    )
     p.add_argument("--out", default="cuda_step")
     args = p.parse_args()
     from engine.loader import ensure_default_model, load_tokenizer
@@ -165,15 +177,19 @@ def main() -> None:
         t0 = time.perf_counter()
         engine = LLMEngine(config)
         capture[graphs] = graph_figures(engine, time.perf_counter() - t0)
-        rows += [bench_batch(engine, b, args.steps, vocab) for b in args.batches]
+        for ahead in args.run_ahead:
+            rows += [bench_batch(engine, b, args.steps, vocab, ahead == "on") for b in args.batches]
         engine.close()
     print(
-        f"{'graphs':>6} {'batch':>5} {'step ms':>8} {'forward ms':>10} {'GPU busy ms':>11}", end=""
+        f"{'graphs':>6} {'ahead':>5} {'batch':>5} {'step ms':>8} {'forward ms':>10} "
+        f"{'GPU busy ms':>11}",
+        end="",
     )
     print(f" {'busy':>5} {'kernels':>8} {'launches':>8} {'syncs':>5} {'tok/s':>8}")
     for r in rows:
         print(
-            f"{'on' if r['graphs'] else 'off':>6} {r['batch']:>5} {r['step_ms']:>8.2f} "
+            f"{'on' if r['graphs'] else 'off':>6} {'on' if r['run_ahead'] else 'off':>5} "
+            f"{r['batch']:>5} {r['step_ms']:>8.2f} "
             f"{r['forward_ms']:>10.2f} {r['gpu_busy_ms']:>11.2f} {r['gpu_busy_share']:>5.0%} "
             f"{r['kernels_per_step']:>8.0f} {r['launches_per_step']:>8.0f} "
             f"{r['host_syncs_per_step'] or 0:>5.1f} {r['tokens_per_s']:>8.0f}"

@@ -57,6 +57,9 @@ class EngineConfig:
     speculative_step_cost: str = DEFAULT_STEP_COST  # engine/speculative/config.py STEP_COST_MODELS
     # CUDA: decode steps replayed from graphs captured at start (engine/cuda_graphs/runner.py)
     cuda_graphs: bool = True
+    # a step's sampled tokens stay on the device while the next step is scheduled and launched
+    # (engine/step_pipeline.py); None: on CUDA only (on a CPU the forward is synchronous)
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dtype != AUTO and self.dtype not in DTYPES:
@@ -100,6 +103,13 @@ class EngineConfig:
         """Whether the device pool or the spill tiers hold quantized rows."""
         tiers = self.tiers is not None and kv_format(self.tiers.kv_dtype) is not None
         return self.kv_format is not None or tiers
+
+    @property
+    def pipelines_steps(self) -> bool:
+        """Whether steps run one ahead of their tokens (async_scheduling, resolved)."""
+        if self.async_scheduling is None:
+            return self.device.startswith("cuda")
+        return self.async_scheduling
 
     @property
     def spec(self) -> SpecConfig:

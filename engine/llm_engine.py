@@ -17,12 +17,13 @@ from engine.factory import build_parts
 from engine.kv.admin import AdminOp
 from engine.model_runner import ForwardResult
 from engine.outputs import RequestOutput, request_output
-from engine.request import Prompt, Request, Sequence, token_array
+from engine.request import PENDING_TOKEN, Prompt, Request, Sequence, token_array
 from engine.sampler import SamplerOutput, SampleRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.speculative.speculator import Drafted
 from engine.stats import EngineSnapshot, StepStats
+from engine.step_pipeline import InFlight, runs_ahead
 from engine.structured.masks import TokenMasks
 from engine.structured.matcher import SequenceMatcher
 
@@ -52,6 +53,8 @@ class LLMEngine:
         self.cache_admin = parts.admin
         self.speculator = parts.speculator
         self.requests: dict[str, Request] = {}
+        self.in_flight: InFlight | None = None  # a step whose tokens are still on the device
+        self.run_ahead = config.pipelines_steps  # (benchmarks switch it per run)
         self.load_poll_s = 0.005  # an idle step waits this long for a spill-tier load at most
 
     def close(self) -> None:
@@ -113,6 +116,8 @@ class LLMEngine:
             return None
         request.aborted = True
         for seq in request.seqs:
+            if seq.token_ids[-1] == PENDING_TOKEN:  # its step in flight will pass it over
+                seq.token_ids.pop()
             if not seq.is_finished:
                 seq.finish_reason = "abort"
                 self.scheduler.remove(seq)
@@ -124,9 +129,14 @@ class LLMEngine:
 
     # --- one step: schedule -> run -> sample -> postprocess ---
     def step(self) -> list[RequestOutput]:
+        """One step; with steps run ahead (engine/step_pipeline.py) the outputs are those of
+        the tokens read this time: the previous step's, and this one's if it did not run ahead."""
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
+        ahead, self.in_flight = self.in_flight, None
         if not batch.seqs:
+            if ahead is not None:
+                return self._land(ahead)
             if self.scheduler.loading or self.scheduler.ready:  # a load is on its way: wait
                 self.scheduler.wait_for_loads(self.load_poll_s)
                 return []
@@ -136,19 +146,28 @@ class LLMEngine:
         stats = self._batch_stats(batch)
         self.guide.start(batch)  # constrained rows' masks fill while the forward runs
         try:
-            result = self.runner.execute(batch)
+            result = self.runner.execute(batch, None if ahead is None else ahead.feed)
         finally:
             self.guide.join()  # before a sampled token advances a matcher
+        outputs = [] if ahead is None else self._land(ahead)  # may end sequences of this batch
         self._computed(batch)
         rows, logits, drafted = self._sampling_rows(batch, result)
         t1 = time.perf_counter()
+        if self._run_ahead(rows, drafted):
+            tokens = self.sampler.sample_on_device(logits, [SampleRow.of(s) for s in rows])
+            for seq in rows:
+                seq.token_ids.append(PENDING_TOKEN)
+            stats.sample_time = time.perf_counter() - t1
+            self.in_flight = InFlight.launch(rows, tokens, result, stats, t0)
+            self.stats.steps_run_ahead += 1
+            return outputs
         rows, logits, masks, dead = self.guide.select(rows, logits)
         sampled = self._sample(rows, logits, masks)
         for seq in dead:
             self._finish(seq, "error")
         verified = self._verify(drafted)
         stats.sample_time = time.perf_counter() - t1
-        outputs = self._postprocess(rows, sampled, dead + verified)
+        outputs += self._postprocess(rows, sampled, dead + verified)
         stats.forward_time = result.elapsed()  # on a GPU: known once the tokens came back
         stats.step_time = time.perf_counter() - t0
         self.stats.record(stats)
@@ -157,11 +176,37 @@ class LLMEngine:
             self.speculator.record_step(rows, stats.step_time)
         return outputs
 
+    def _run_ahead(self, rows: list[Sequence], drafted: list[Drafted]) -> bool:
+        """Whether this step's tokens may stay on the device (engine/step_pipeline.py)."""
+        if not self.run_ahead or self.speculator is not None or not rows:
+            return False
+        return not drafted and all(runs_ahead(s, self.max_model_len) for s in rows)
+
+    def _land(self, ahead: InFlight) -> list[RequestOutput]:
+        """Reads a step's tokens in place of its pending ones, with their stop checks; a
+        sequence that ended meanwhile (aborted) is passed over."""
+        tokens = ahead.read()
+        rows, kept = [], []
+        for seq, token in zip(ahead.rows, tokens, strict=True):
+            if seq.is_finished:
+                continue
+            assert seq.token_ids[-1] == PENDING_TOKEN
+            seq.token_ids.pop()
+            rows.append(seq)
+            kept.append(token)
+        outputs = self._postprocess(rows, SamplerOutput(kept, None, None), [])
+        stats = ahead.stats
+        stats.forward_time = ahead.result.elapsed()
+        stats.step_time = time.perf_counter() - ahead.started
+        self.stats.record(stats)
+        return outputs
+
     def _computed(self, batch: ScheduledBatch) -> None:
         """The step computed these chunks' KV (a sequence that ran a draft is told after its
-        verification, with the draft tokens it accepted)."""
+        verification, with the draft tokens it accepted; one that ended while the step ran,
+        its blocks freed, is not told)."""
         for b, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
-            if b not in batch.drafts:
+            if b not in batch.drafts and not seq.is_finished:
                 self.kv.computed(seq, n)
 
     def _sampling_rows(
@@ -169,15 +214,18 @@ class LLMEngine:
     ) -> tuple[list[Sequence], torch.Tensor, list[Drafted]]:
         """The sequences that sample one token this step with their logits, and those that
         verify a draft with theirs (1 + k rows each)."""
-        if result.num_rows is None:
+        num_rows = result.num_rows or [1] * len(result.sample_index)
+        if all(not batch.seqs[b].is_finished for b in result.sample_index) and not batch.drafts:
             return [batch.seqs[i] for i in result.sample_index], result.logits, []
         plain: list[Sequence] = []
         plain_rows: list[int] = []
         drafted: list[Drafted] = []
         row = 0
-        for b, n in zip(result.sample_index, result.num_rows, strict=True):
+        for b, n in zip(result.sample_index, num_rows, strict=True):
             seq = batch.seqs[b]
-            if b in batch.drafts:
+            if seq.is_finished:  # ended while the step ran (engine/step_pipeline.py)
+                pass
+            elif b in batch.drafts:
                 drafted.append(Drafted(seq, batch.drafts[b], result.logits[row : row + n]))
             else:
                 plain.append(seq)

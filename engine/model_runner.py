@@ -16,12 +16,22 @@ from engine.attention import build_attention_metadata, compute_positions
 from engine.attention.metadata import AttentionMetadata
 from engine.kv.hybrid_cache import HybridKVCache
 from engine.models.llama import WindowedKV
+from engine.request import PENDING_TOKEN
 from engine.step_upload import StepUpload
 
 if TYPE_CHECKING:
     from engine.cuda_graphs import DecodeGraphs
     from engine.kv.paged_cache import KVCache
     from engine.scheduler import ScheduledBatch
+
+
+@dataclass
+class TokenFeed:
+    """The previous step's sampled tokens, still on the device: a sequence whose chunk ends in
+    PENDING_TOKEN reads its input there, at `index[seq_id]`."""
+
+    tokens: torch.Tensor  # int64 [S] on the device
+    index: dict[int, int]
 
 
 @dataclass
@@ -63,14 +73,19 @@ class ModelRunner:
         self.upload = StepUpload(device) if upload is None else upload
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> ForwardResult:
+    def execute(self, batch: ScheduledBatch, feed: TokenFeed | None = None) -> ForwardResult:
         drafts = batch.drafts
         starts = [s.num_computed_tokens for s in batch.seqs]
         chunk_ends = [c + n for c, n in zip(starts, batch.num_new_tokens, strict=True)]
         # sequence b's rows cu[b]..cu[b+1]: token_ids[starts[b] : chunk_ends[b]], then its draft
         flat = array("q")
+        fed_rows, fed_from = array("q"), array("q")  # rows whose token is still on the device
         for b, (seq, start, end) in enumerate(zip(batch.seqs, starts, chunk_ends, strict=True)):
             flat.extend(seq.token_ids[start:end])
+            if seq.token_ids[end - 1] == PENDING_TOKEN:
+                assert feed is not None, "a pending token without the step that samples it"
+                fed_rows.append(len(flat) - 1)
+                fed_from.append(feed.index[seq.seq_id])
             flat.extend(drafts.get(b, ()))
         query_lens = [n + len(drafts.get(b, ())) for b, n in enumerate(batch.num_new_tokens)]
         seq_lens = [c + n for c, n in zip(starts, query_lens, strict=True)]
@@ -92,7 +107,14 @@ class ModelRunner:
         num_rows = [1 + len(drafts.get(b, ())) for b in sample_index] if drafts else None
         last_rows = _logit_rows(np.cumsum(query_lens)[sample_index], num_rows)
         rows = torch.from_numpy(last_rows.astype(np.int64))
-        input_ids, positions, rows, *metas = self._to_device(input_ids, positions, rows, metas)
+        fed = [
+            torch.frombuffer(a, dtype=torch.int64) if a else torch.empty(0, dtype=torch.int64)
+            for a in (fed_rows, fed_from)
+        ]
+        moved = self._to_device([input_ids, positions, rows, *fed], metas)
+        input_ids, positions, rows, fed_rows_d, fed_from_d, *metas = moved
+        if fed_rows:
+            input_ids[fed_rows_d] = feed.tokens[fed_from_d]
         meta, windowed = metas[0], None
         if len(metas) > 1:
             layers = self.kv_cache.groups.window_layers
@@ -116,20 +138,15 @@ class ModelRunner:
         forward_s = time.perf_counter() - t0
         return ForwardResult(logits, sample_index, forward_s, num_rows, span)
 
-    def _to_device(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        rows: torch.Tensor,
-        metas: list[AttentionMetadata],
-    ) -> list:
-        """The step's host-built tensors on the device, in one upload (StepUpload)."""
+    def _to_device(self, tensors: list[torch.Tensor], metas: list[AttentionMetadata]) -> list:
+        """The step's host-built tensors, then its metadata, on the device in one upload
+        (StepUpload)."""
         fields = ("cu_seqlens_q", "seq_lens", "block_tables", "slot_mapping")
-        tensors = [input_ids, positions, rows] + [getattr(m, f) for m in metas for f in fields]
-        moved = self.upload(tensors)
-        out: list = moved[:3]
+        moved = self.upload(tensors + [getattr(m, f) for m in metas for f in fields])
+        n = len(tensors)
+        out: list = moved[:n]
         for i, m in enumerate(metas):
-            start = 3 + i * len(fields)
+            start = n + i * len(fields)
             values = moved[start : start + len(fields)]
             out.append(dataclasses.replace(m, **dict(zip(fields, values, strict=True))))
         return out

@@ -51,6 +51,10 @@ class GenerateJob:
 
 _seq_counter = itertools.count()
 
+# the id standing for a token sampled on the device and not read yet (engine/step_pipeline.py);
+# the next step's input takes the real one from the device
+PENDING_TOKEN = -1
+
 
 def token_array(token_ids: list[int] | array) -> array:
     """Token ids as array("q"), the engine's and the prefix index's one type: the index compares

@@ -60,11 +60,23 @@ class Sampler:
     ) -> SamplerOutput:
         """Samples one token per row; `masks` hold the grammar masks of the constrained rows."""
         with record_function("sample"):
-            return self._sample(logits, rows, masks)
+            tokens, raw_logprobs = self._tokens(logits, rows, masks)
+            token_list = tokens.tolist()
+            if raw_logprobs is None:
+                return SamplerOutput(token_list, None, None)
+            params = [r.params for r in rows]
+            return SamplerOutput(token_list, *gather_logprobs(raw_logprobs, tokens, params))
 
-    def _sample(
+    def sample_on_device(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """The tokens [S] as a tensor where the logits are, not waited for (rows without masks
+        or logprobs: the engine's asynchronous steps, engine/step_pipeline.py)."""
+        with record_function("sample"):
+            return self._tokens(logits, rows, None)[0]
+
+    def _tokens(
         self, logits: torch.Tensor, rows: list[SampleRow], masks: TokenMasks | None
-    ) -> SamplerOutput:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(tokens [S], the raw logprobs when a row asked for them)."""
         # logits: [S, vocab] float32, one row per entry of `rows`
         params = [r.params for r in rows]
         if any(p.logit_bias for p in params):
@@ -77,13 +89,8 @@ class Sampler:
             logits = apply_penalties(logits, rows)
         greedy = [p.greedy for p in params]
         if not all(greedy):
-            tokens = self._sample_random(logits, rows, greedy)
-        else:
-            tokens = logits.argmax(dim=-1)
-        token_list = tokens.tolist()
-        if raw_logprobs is None:
-            return SamplerOutput(token_list, None, None)
-        return SamplerOutput(token_list, *gather_logprobs(raw_logprobs, tokens, params))
+            return self._sample_random(logits, rows, greedy), raw_logprobs
+        return logits.argmax(dim=-1), raw_logprobs
 
     def _sample_random(
         self, logits: torch.Tensor, rows: list[SampleRow], greedy: list[bool]

@@ -48,6 +48,7 @@ class EngineStats:
     requests_finished: int = 0
     requests_aborted: int = 0
     requests_rejected: int = 0
+    steps_run_ahead: int = 0  # steps launched before the previous step's tokens were read
     spec: SpecStats = field(default_factory=SpecStats)  # speculative decoding
     recent: deque[StepStats] = field(default_factory=lambda: deque(maxlen=256))
 

@@ -44,8 +44,8 @@ $py -c 'import torch, triton; print("torch", torch.__version__, "triton", triton
 stage cuda_tests "${TESTS_S:-210}" $py -m pytest -q -p no:cacheprovider -m cuda \
     tests/engine/test_cuda.py -rf --timeout 180 --junitxml "$out/cuda_tests.xml" \
     -o junit_logging=system-out
-stage bench_cuda_step "${STEP_S:-120}" $py -m benchmarks.bench_cuda_step --steps 16 \
-    --graphs on off --out cuda_step
+stage bench_cuda_step "${STEP_S:-150}" $py -m benchmarks.bench_cuda_step --steps 16 \
+    --graphs on off --run-ahead on off --out cuda_step
 stage bench_tiers "${TIERS_S:-60}" $py -m benchmarks.bench_tiers --sections device --device cuda \
     --out tiers_cuda
 stage bench_engine "${ENGINE_S:-120}" $py -m benchmarks.bench_engine --device cuda \

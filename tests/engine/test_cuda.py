@@ -263,7 +263,7 @@ def test_a_decode_step_waits_for_the_gpu_once(make_llm):
 
     from engine.request import Prompt
 
-    llm = make_llm(device="cuda")
+    llm = make_llm(device="cuda", async_scheduling=False)
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     for i, prompt in enumerate(_prompts(4)):
@@ -282,6 +282,17 @@ def test_a_decode_step_waits_for_the_gpu_once(make_llm):
     syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
     assert engine.stats.recent[-1].num_decode_tokens == 4
     assert len(syncs) == 1, syncs
+
+
+def test_steps_run_ahead_answer_as_step_by_step_on_cuda(make_llm):
+    """Steps launched before the previous step's tokens are read (the default on CUDA, with
+    speculation off) give the tokens of the step-by-step engine."""
+    prompts = _prompts(8, seed=6)
+    want = _outputs(make_llm(device="cuda", speculative="off", async_scheduling=False), prompts)
+    llm = make_llm(device="cuda", speculative="off")
+    assert _outputs(llm, prompts) == want
+    assert llm.engine.stats.steps_run_ahead > 0 and llm.engine.in_flight is None
+    assert _released(llm)
 
 
 def test_sampling_on_the_gpu_draws_what_the_host_draws():

@@ -66,10 +66,10 @@ def test_verify_rows_stop_at_a_block_the_tree_already_holds(make_llm):
     runner = llm.engine.runner
     execute = runner.execute
 
-    def observe(batch):
+    def observe(batch, feed=None):
         for b, draft in batch.drafts.items():
             verified.append((batch.seqs[b].num_tokens - 1, len(draft)))
-        return execute(batch)
+        return execute(batch, feed)
 
     runner.execute = observe
     assert _run(llm, prompts, GREEDY) == first

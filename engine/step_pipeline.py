@@ -1,0 +1,75 @@
+"""Steps one ahead of their tokens: the host schedules and launches step N+1 while the GPU still
+runs step N, instead of waiting for N's tokens first.
+
+A step whose sampling rows allow it leaves its tokens on the device (InFlight): each row's
+sequence gets PENDING_TOKEN for now, so the scheduler counts the token and gives the sequence its
+next decode row; that row's input is read on the device from N's tokens (model_runner.TokenFeed).
+Once N+1 is launched the engine reads N's tokens (their copy was queued before N+1, so this waits
+for N only), puts them in place of the pending ones and runs N's stop checks; a sequence that
+stopped there had a wasted row in N+1, whose results are dropped.
+
+Rows that need N's token before N+1's sampling can start are not run ahead: speculation (drafts
+are built from the tokens), grammars (the matcher advances on each token), logprobs (read back
+with the tokens), and a row whose token is its last (max_tokens, the context window): its
+sequence ends either way, so it gets no wasted row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.model_runner import ForwardResult, TokenFeed
+from engine.request import Sequence
+from engine.stats import StepStats
+
+
+@dataclass
+class InFlight:
+    """A step whose sampled tokens are on the device, their copy to the host under way."""
+
+    rows: list[Sequence]  # the sampling rows, in the order of `tokens`
+    tokens: torch.Tensor  # int64 [S] where the logits were
+    host: torch.Tensor  # their copy (pinned on a GPU), complete once `copied` has happened
+    copied: torch.cuda.Event | None
+    result: ForwardResult
+    stats: StepStats
+    started: float  # perf_counter() at the step's start
+
+    @classmethod
+    def launch(
+        cls,
+        rows: list[Sequence],
+        tokens: torch.Tensor,
+        result: ForwardResult,
+        stats: StepStats,
+        started: float,
+    ) -> InFlight:
+        """Queues the tokens' copy to the host (not waited for)."""
+        if tokens.device.type == "cpu":
+            return cls(rows, tokens, tokens, None, result, stats, started)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return cls(rows, tokens, host, copied, result, stats, started)
+
+    @property
+    def feed(self) -> TokenFeed:
+        return TokenFeed(self.tokens, {seq.seq_id: i for i, seq in enumerate(self.rows)})
+
+    def read(self) -> list[int]:
+        """The tokens, once their copy is done (the step's one wait for the device)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.host.tolist()
+
+
+def runs_ahead(seq: Sequence, max_model_len: int) -> bool:
+    """Whether seq's next token may stay on the device while the next step is launched."""
+    p = seq.params
+    if seq.matcher is not None or p.logprobs is not None:
+        return False
+    # the token to sample now is the last one: the sequence ends after it whatever it is
+    return seq.num_output_tokens + 1 < p.max_tokens and seq.num_tokens + 1 < max_model_len
