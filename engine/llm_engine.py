@@ -23,7 +23,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch
 from engine.speculative.speculator import Drafted
 from engine.stats import EngineSnapshot, StepStats
-from engine.step_pipeline import InFlight, runs_ahead
+from engine.step_pipeline import SPEC_PROBE_STEPS, InFlight, runs_ahead
 from engine.structured.masks import TokenMasks
 from engine.structured.matcher import SequenceMatcher
 
@@ -55,6 +55,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.in_flight: InFlight | None = None  # a step whose tokens are still on the device
         self.run_ahead = config.pipelines_steps  # (benchmarks switch it per run)
+        self._ahead_streak = 0  # steps run ahead in a row (with the speculator on)
         self.load_poll_s = 0.005  # an idle step waits this long for a spill-tier load at most
 
     def close(self) -> None:
@@ -178,9 +179,12 @@ class LLMEngine:
 
     def _run_ahead(self, rows: list[Sequence], drafted: list[Drafted]) -> bool:
         """Whether this step's tokens may stay on the device (engine/step_pipeline.py)."""
-        if not self.run_ahead or self.speculator is not None or not rows:
-            return False
-        return not drafted and all(runs_ahead(s, self.max_model_len) for s in rows)
+        ahead = self.run_ahead and bool(rows) and not drafted
+        ahead = ahead and all(runs_ahead(s, self.max_model_len) for s in rows)
+        if self.speculator is not None:  # now and then a step the next one can draft after
+            ahead = ahead and self._ahead_streak < SPEC_PROBE_STEPS
+            self._ahead_streak = self._ahead_streak + 1 if ahead else 0
+        return ahead
 
     def _land(self, ahead: InFlight) -> list[RequestOutput]:
         """Reads a step's tokens in place of its pending ones, with their stop checks; a

@@ -8,10 +8,14 @@ Once N+1 is launched the engine reads N's tokens (their copy was queued before N
 for N only), puts them in place of the pending ones and runs N's stop checks; a sequence that
 stopped there had a wasted row in N+1, whose results are dropped.
 
-Rows that need N's token before N+1's sampling can start are not run ahead: speculation (drafts
-are built from the tokens), grammars (the matcher advances on each token), logprobs (read back
-with the tokens), and a row whose token is its last (max_tokens, the context window): its
-sequence ends either way, so it gets no wasted row.
+Rows that need N's token before N+1's sampling can start are not run ahead: grammars (the
+matcher advances on each token), logprobs (read back with the tokens), and a row whose token is
+its last (max_tokens, the context window): its sequence ends either way, so it gets no wasted row.
+
+Speculation drafts from the tokens: a step that verifies drafts reads its tokens at once, and a
+sequence whose last token is pending gets no draft. So that drafting is not starved, with the
+speculator on every SPEC_PROBE_STEPS + 1-th step reads its tokens at once: the next step drafts
+from them, and keeps reading at once while drafts come.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import torch
 from engine.model_runner import ForwardResult, TokenFeed
 from engine.request import Sequence
 from engine.stats import StepStats
+
+SPEC_PROBE_STEPS = 4  # steps run ahead in a row before one lets the speculator draft again
 
 
 @dataclass

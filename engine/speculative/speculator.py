@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.request import PENDING_TOKEN
 from engine.sampler import Sampler, SamplerOutput, SampleRow, plain_greedy
 from engine.speculative.config import SpecConfig
 from engine.speculative.draft_length import SourceRates, draft_plan
@@ -142,6 +143,7 @@ class Speculator:
             and seq.matcher is None
             and seq.num_output_tokens > 0
             and seq.num_computed_tokens + 1 == seq.num_tokens
+            and seq.token_ids[-1] != PENDING_TOKEN  # a draft follows a token not read yet
         )
 
     def _room(self, seq: Sequence) -> int:

@@ -3,7 +3,7 @@ be the one the step-by-step engine gives, tokens, finish reasons and texts, with
 landing a step late, sequences preempted or aborted while a step is in flight, and nothing
 leaked. (On a CPU the forward is synchronous, so nothing overlaps here: this checks the
 bookkeeping; scripts/gpu_check.sh runs the CUDA engine tests with it on by default.) Speculation
-is off: with it on, no step runs ahead (drafts are built from the tokens)."""
+is off but in the test of the two together."""
 
 from __future__ import annotations
 
@@ -61,14 +61,19 @@ def test_outputs_equal_the_step_by_step_engine(make_llm, kind) -> None:
     assert ahead == 0 if kind == "max1" else ahead > 0  # a last token never runs ahead
 
 
-def test_no_step_runs_ahead_with_speculation(make_llm) -> None:
+def test_speculation_drafts_between_steps_run_ahead(make_llm) -> None:
+    """With the speculator on, every fifth step reads its tokens at once so the next can draft:
+    the second pass over the same prompts drafts from the first one's answers, other steps run
+    ahead, and the tokens are those of the step-by-step engine with the same speculator."""
+    prompts = _prompts(4, seed=4)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    off = make_llm(speculative="cache", async_scheduling=False)
+    want = _run(off, prompts, params) + _run(off, prompts, params)
     llm = make_llm(speculative="cache", async_scheduling=True)
-    engine = llm.engine
-    for i, p in enumerate(_prompts(3)):
-        engine.add_request(f"r{i}", Prompt(p), PARAMS["greedy"])
-    while engine.has_unfinished():
-        engine.step()
-        assert engine.in_flight is None
+    assert _run(llm, prompts, params) + _run(llm, prompts, params) == want
+    stats = llm.engine.stats
+    assert stats.steps_run_ahead > 0 and stats.spec.num_accepted_tokens > 0
+    assert llm.engine.in_flight is None and _released(llm)
 
 
 def test_rows_that_cannot_run_ahead_mixed_in(make_llm) -> None:
