@@ -155,11 +155,11 @@ class LLMEngine:
         rows, logits, drafted = self._sampling_rows(batch, result)
         t1 = time.perf_counter()
         if self._run_ahead(rows, drafted):
-            tokens = self.sampler.sample_on_device(logits, [SampleRow.of(s) for s in rows])
+            sampled = self.sampler.sample_on_device(logits, [SampleRow.of(s) for s in rows])
             for seq in rows:
                 seq.token_ids.append(PENDING_TOKEN)
             stats.sample_time = time.perf_counter() - t1
-            self.in_flight = InFlight.launch(rows, tokens, result, stats, t0)
+            self.in_flight = InFlight.launch(rows, sampled, result, stats, t0)
             self.stats.steps_run_ahead += 1
             return outputs
         rows, logits, masks, dead = self.guide.select(rows, logits)
@@ -189,16 +189,13 @@ class LLMEngine:
     def _land(self, ahead: InFlight) -> list[RequestOutput]:
         """Reads a step's tokens in place of its pending ones, with their stop checks; a
         sequence that ended meanwhile (aborted) is passed over."""
-        tokens = ahead.read()
-        rows, kept = [], []
-        for seq, token in zip(ahead.rows, tokens, strict=True):
-            if seq.is_finished:
-                continue
+        sampled = ahead.read()
+        keep = [i for i, seq in enumerate(ahead.rows) if not seq.is_finished]
+        rows = [ahead.rows[i] for i in keep]
+        for seq in rows:
             assert seq.token_ids[-1] == PENDING_TOKEN
             seq.token_ids.pop()
-            rows.append(seq)
-            kept.append(token)
-        outputs = self._postprocess(rows, SamplerOutput(kept, None, None), [])
+        outputs = self._postprocess(rows, sampled.select(keep), [])
         stats = ahead.stats
         stats.forward_time = ahead.result.elapsed()
         stats.step_time = time.perf_counter() - ahead.started

@@ -18,6 +18,7 @@ temperature, as the unconstrained rows' are of the raw model distribution)."""
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,15 @@ class SamplerOutput:
     logprobs: list[float] | None  # logprob of each sampled token (biased, masked distribution)
     top_logprobs: list[dict[int, float]] | None  # per row: top-k token -> logprob (k from params)
 
+    def select(self, index: list[int]) -> SamplerOutput:
+        """The rows at `index`, in that order."""
+        lp, top = self.logprobs, self.top_logprobs
+        return SamplerOutput(
+            [self.token_ids[i] for i in index],
+            None if lp is None else [lp[i] for i in index],
+            None if top is None else [top[i] for i in index],
+        )
+
 
 class Sampler:
     def __init__(self, seed: int = 0) -> None:
@@ -67,11 +77,16 @@ class Sampler:
             params = [r.params for r in rows]
             return SamplerOutput(token_list, *gather_logprobs(raw_logprobs, tokens, params))
 
-    def sample_on_device(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-        """The tokens [S] as a tensor where the logits are, not waited for (rows without masks
-        or logprobs: the engine's asynchronous steps, engine/step_pipeline.py)."""
+    def sample_on_device(
+        self, logits: torch.Tensor, rows: list[SampleRow]
+    ) -> tuple[torch.Tensor, LogprobTensors | None]:
+        """The tokens [S] (and what rows asking for logprobs need) as tensors where the logits
+        are, not waited for: rows without masks (engine/step_pipeline.py)."""
         with record_function("sample"):
-            return self._tokens(logits, rows, None)[0]
+            tokens, raw_logprobs = self._tokens(logits, rows, None)
+            if raw_logprobs is None:
+                return tokens, None
+            return tokens, LogprobTensors.of(raw_logprobs, tokens, [r.params for r in rows])
 
     def _tokens(
         self, logits: torch.Tensor, rows: list[SampleRow], masks: TokenMasks | None
@@ -211,16 +226,46 @@ def apply_top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> tor
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
+@dataclass
+class LogprobTensors:
+    """What the rows' logprobs need of the whole distribution, where it was computed."""
+
+    chosen: torch.Tensor  # [S]: each sampled token's logprob
+    top_values: torch.Tensor | None  # [S, k]: the k most likely (k the rows' largest ask)
+    top_ids: torch.Tensor | None
+
+    @classmethod
+    def of(
+        cls, logprobs: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]
+    ) -> LogprobTensors:
+        chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+        k_max = max((p.logprobs or 0) for p in params)
+        if k_max == 0:
+            return cls(chosen, None, None)
+        values, ids = logprobs.topk(k_max, dim=-1)
+        return cls(chosen, values, ids)
+
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> LogprobTensors:
+        values, ids = self.top_values, self.top_ids
+        return LogprobTensors(
+            fn(self.chosen),
+            None if values is None else fn(values),
+            None if ids is None else fn(ids),
+        )
+
+    def lists(self, params: list[SamplingParams]) -> tuple[list[float], list[dict[int, float]]]:
+        """Each row's sampled-token logprob and its top-k dict (k from its params)."""
+        tops: list[dict[int, float]] = [{} for _ in params]
+        if self.top_values is not None and self.top_ids is not None:
+            values, ids = self.top_values.tolist(), self.top_ids.tolist()
+            for i, p in enumerate(params):
+                k = p.logprobs or 0
+                pairs = zip(ids[i][:k], values[i][:k], strict=True)
+                tops[i] = {t: v for t, v in pairs if v != float("-inf")}  # masked tokens left out
+        return self.chosen.tolist(), tops
+
+
 def gather_logprobs(
     logprobs: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]
 ) -> tuple[list[float], list[dict[int, float]]]:
-    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-    k_max = max((p.logprobs or 0) for p in params)
-    tops: list[dict[int, float]] = [{} for _ in params]
-    if k_max > 0:
-        values, ids = logprobs.topk(k_max, dim=-1)
-        for i, p in enumerate(params):
-            k = p.logprobs or 0
-            pairs = zip(ids[i, :k].tolist(), values[i, :k].tolist(), strict=True)
-            tops[i] = {t: v for t, v in pairs if v != float("-inf")}  # masked tokens left out
-    return chosen, tops
+    return LogprobTensors.of(logprobs, tokens, params).lists(params)

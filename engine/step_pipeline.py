@@ -9,8 +9,9 @@ for N only), puts them in place of the pending ones and runs N's stop checks; a 
 stopped there had a wasted row in N+1, whose results are dropped.
 
 Rows that need N's token before N+1's sampling can start are not run ahead: grammars (the
-matcher advances on each token), logprobs (read back with the tokens), and a row whose token is
-its last (max_tokens, the context window): its sequence ends either way, so it gets no wasted row.
+matcher advances on each token), and a row whose token is its last (max_tokens, the context
+window): its sequence ends either way, so it gets no wasted row. Logprobs come back with the
+tokens (the sampled one's and the top k, not the distribution).
 
 Speculation drafts from the tokens: a step that verifies drafts reads its tokens at once, and a
 sequence whose last token is pending gets no draft. So that drafting is not starved, with the
@@ -26,6 +27,7 @@ import torch
 
 from engine.model_runner import ForwardResult, TokenFeed
 from engine.request import Sequence
+from engine.sampler import LogprobTensors, SamplerOutput
 from engine.stats import StepStats
 
 SPEC_PROBE_STEPS = 4  # steps run ahead in a row before one lets the speculator draft again
@@ -38,6 +40,7 @@ class InFlight:
     rows: list[Sequence]  # the sampling rows, in the order of `tokens`
     tokens: torch.Tensor  # int64 [S] where the logits were
     host: torch.Tensor  # their copy (pinned on a GPU), complete once `copied` has happened
+    host_logprobs: LogprobTensors | None  # the same for rows that asked for logprobs
     copied: torch.cuda.Event | None
     result: ForwardResult
     stats: StepStats
@@ -47,35 +50,44 @@ class InFlight:
     def launch(
         cls,
         rows: list[Sequence],
-        tokens: torch.Tensor,
+        sampled: tuple[torch.Tensor, LogprobTensors | None],
         result: ForwardResult,
         stats: StepStats,
         started: float,
     ) -> InFlight:
-        """Queues the tokens' copy to the host (not waited for)."""
+        """Queues the copies to the host of what was sampled (not waited for)."""
+        tokens, logprobs = sampled
         if tokens.device.type == "cpu":
-            return cls(rows, tokens, tokens, None, result, stats, started)
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
+            return cls(rows, tokens, tokens, logprobs, None, result, stats, started)
+        host = _to_host(tokens)
+        host_logprobs = None if logprobs is None else logprobs.apply(_to_host)
         copied = torch.cuda.Event()
         copied.record()
-        return cls(rows, tokens, host, copied, result, stats, started)
+        return cls(rows, tokens, host, host_logprobs, copied, result, stats, started)
 
     @property
     def feed(self) -> TokenFeed:
         return TokenFeed(self.tokens, {seq.seq_id: i for i, seq in enumerate(self.rows)})
 
-    def read(self) -> list[int]:
-        """The tokens, once their copy is done (the step's one wait for the device)."""
+    def read(self) -> SamplerOutput:
+        """What was sampled, once its copy is done (the step's one wait for the device)."""
         if self.copied is not None:
             self.copied.synchronize()
-        return self.host.tolist()
+        tokens = self.host.tolist()
+        if self.host_logprobs is None:
+            return SamplerOutput(tokens, None, None)
+        return SamplerOutput(tokens, *self.host_logprobs.lists([s.params for s in self.rows]))
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
 
 
 def runs_ahead(seq: Sequence, max_model_len: int) -> bool:
     """Whether seq's next token may stay on the device while the next step is launched."""
     p = seq.params
-    if seq.matcher is not None or p.logprobs is not None:
+    if seq.matcher is not None:
         return False
     # the token to sample now is the last one: the sequence ends after it whatever it is
     return seq.num_output_tokens + 1 < p.max_tokens and seq.num_tokens + 1 < max_model_len

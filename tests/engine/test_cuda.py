@@ -295,6 +295,19 @@ def test_steps_run_ahead_answer_as_step_by_step_on_cuda(make_llm):
     assert _released(llm)
 
 
+def test_logprobs_come_back_with_tokens_run_ahead_on_cuda(make_llm):
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
+    prompts = _prompts(4, seed=7)
+
+    def run(llm) -> list:
+        outs = [r.outputs[0] for r in llm.generate(prompts, params)]
+        return [(o.token_ids, o.logprobs, o.top_logprobs) for o in outs]
+
+    want = run(make_llm(device="cuda", speculative="off", async_scheduling=False))
+    llm = make_llm(device="cuda", speculative="off")
+    assert run(llm) == want and llm.engine.stats.steps_run_ahead > 0
+
+
 def test_sampling_on_the_gpu_draws_what_the_host_draws():
     """Temperature, top-k / top-p / min-p, penalties, a bias, per-request seeds and logprobs on
     GPU logits give the host's tokens (the uniforms come from the same CPU generators), and the

@@ -76,31 +76,34 @@ def test_speculation_drafts_between_steps_run_ahead(make_llm) -> None:
     assert llm.engine.in_flight is None and _released(llm)
 
 
-def test_rows_that_cannot_run_ahead_mixed_in(make_llm) -> None:
-    """Logprobs rows make their steps read back at once; plain rows run ahead around them."""
+def test_logprob_rows_run_ahead_with_their_logprobs(make_llm) -> None:
+    """Rows asking for logprobs (and top-k) run ahead too: theirs come back with the tokens, the
+    same as step by step."""
     prompts = _prompts(6, seed=1)
     plain = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
-    logprobs = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=2)
+    logprobs = SamplingParams(temperature=0.7, seed=2, max_tokens=9, ignore_eos=True, logprobs=3)
 
     def run(llm) -> list:
         engine = llm.engine
         for i, p in enumerate(prompts):
-            engine.add_request(f"r{i}", Prompt(p), logprobs if i % 3 == 0 else plain)
+            engine.add_request(f"r{i}", Prompt(p), logprobs if i % 2 == 0 else plain)
         done = {}
         while engine.has_unfinished():
             for out in engine.step():
-                done.setdefault(out.request_id, []).extend(out.outputs)
+                for d in out.outputs:
+                    got = done.setdefault(out.request_id, [[], [], []])
+                    got[0] += d.token_ids
+                    got[1] += d.logprobs or []
+                    got[2] += d.top_logprobs or []
         return [done, engine.stats.steps_run_ahead]
 
     (want, _), (got, ahead) = (
         run(make_llm(speculative="off", async_scheduling=False)),
         run(make_llm(speculative="off", async_scheduling=True)),
     )
-    assert ahead > 0
-    assert {k: [d.token_ids for d in v] for k, v in got.items()} == {
-        k: [d.token_ids for d in v] for k, v in want.items()
-    }
-    assert all(PENDING_TOKEN not in d.token_ids for v in got.values() for d in v)
+    assert ahead > 0 and got == want
+    assert all(len(got[f"r{i}"][1]) == 9 and len(got[f"r{i}"][2][0]) == 3 for i in (0, 2, 4))
+    assert all(PENDING_TOKEN not in v[0] for v in got.values())
 
 
 def test_preemption_with_a_step_in_flight(make_llm) -> None:
