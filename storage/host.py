@@ -68,10 +68,7 @@ class HostTier:
     def delete(self, ns: Namespace, hashes: list[int]) -> None:
         with self._lock:
             for h in hashes:
-                entry = self._entries.pop((ns.hex, h), None)
-                if entry is not None:
-                    self._used -= entry[2]
-                    self._drop(entry[1])
+                self._forget((ns.hex, h))
 
     def used_bytes(self) -> int:
         return self._used
@@ -97,14 +94,21 @@ class HostTier:
     def _drop(self, kept: Any) -> None:
         """The entry is gone (evicted, deleted): its memory may be reused."""
 
+    def _forget(self, key: tuple[str, int]) -> None:
+        """Drops an entry, if held (the lock held)."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._used -= entry[2]
+            self._drop(entry[1])
+
     def _make_room(self, size: int) -> list[tuple[Namespace, int, bytes]]:
         evicted = []
         while self._used + size > self.capacity_bytes and self._entries:
-            (_, h), (ns, kept, size) = self._entries.popitem(last=False)
-            self._used -= size
+            key = next(iter(self._entries))  # the least recently used
+            ns, kept, _ = self._entries[key]
+            evicted.append((ns, key[1], self._value(kept)))
+            self._forget(key)
             self.stats.evictions += 1
-            evicted.append((ns, h, self._value(kept)))
-            self._drop(kept)
         return evicted
 
     def _spill(self, evicted: list[tuple[Namespace, int, bytes]]) -> None:

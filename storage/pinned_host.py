@@ -64,18 +64,16 @@ class PinnedHostTier(HostTier):
                 entry = self._entries.get((ns.hex, h))
                 if entry is None:
                     break
-                slot, size = entry[1], entry[2]
+                slot = entry[1]
                 try:
                     header = read_header(memoryview(self._slots[slot]))
                     expect_block(header, kv_format, shape)
                 except CorruptBlock:
                     self.stats.corrupt += 1
-                    self._entries.pop((ns.hex, h))
-                    self._used -= size
-                    self._drop(slot)
+                    self._forget((ns.hex, h))
                     break
                 self._entries.move_to_end((ns.hex, h))
-                self.stats.bytes_read += size
+                self.stats.bytes_read += entry[2]
                 payload = self._arena[slot, HEADER_SIZE:]
                 views.append(payload.view(header.dtype).view(header.shape))
             blocks: list[torch.Tensor | None] = list(to_device(views))

@@ -47,3 +47,16 @@ def test_rewrite_of_a_present_block_only_touches_it(ns: Namespace, make_tier) ->
     tier.put(ns, encoded([c]))
     assert tier.contains(ns, [a, b, c]) == [True, False, True]
     assert tier.stats.blocks_written == 3
+
+
+def test_a_large_value_evicts_as_many_small_ones_as_it_needs(ns: Namespace) -> None:
+    """Bytes values of any size: room for a value three times the others' takes three of them
+    (the budget holds after every put)."""
+    tier = HostTier(4 * VALUE_BYTES)
+    small = encoded(chain(ns, 4))
+    tier.put(ns, small)
+    big = (chain(ns, 1, start=500)[0], small[0][1] * 3)
+    tier.put(ns, [big])
+    assert tier.used_bytes() <= tier.capacity_bytes
+    assert tier.contains(ns, [h for h, _ in small]) == [False, False, False, True]
+    assert tier.stats.evictions == 3
