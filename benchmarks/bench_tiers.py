@@ -533,6 +533,17 @@ def bench_cluster(server: RedisServer, tmp: Path, quick: bool) -> dict[str, list
     return {"bandwidth": bandwidth, "ttft": ttfts}
 
 
+def print_device(rows: list[dict]) -> None:
+    keys = ["store_us_per_block", "spill_gbps", "load_gbps", "install_us_per_block"]
+    first = rows[0]
+    table(
+        f"Host tier <-> {first['device']}: {first['blocks']} blocks of "
+        f"{first['block_bytes']:,} B, median of {first['repeats']}",
+        ["tier", "store us/blk", "spill GB/s", "load GB/s", "install us/blk"],
+        [[r["tier"], *(r.get(k, "") for k in keys)] for r in rows],
+    )
+
+
 def save(results: dict[str, object], path: Path) -> None:
     """Merges into the JSON file: the sections run now replace theirs, others are kept."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -554,6 +565,7 @@ def main() -> None:
     if "device" in sections:  # needs no Redis (a GPU machine may have none)
         sections.remove("device")
         rows = bench_device(args.device, 64 if quick else 512, 3 if quick else 5)
+        print_device(rows)
         save({"device": {"quick": quick, "rows": rows}}, results)
     if not sections:
         return print(f"\nwrote {results}")

@@ -102,13 +102,6 @@ def bench_device(device_name: str, num_blocks: int, repeats: int) -> list[dict]:
         row = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
         rows.append({"tier": label, "device": str(device), "blocks": num_blocks, **row})
     rows.append({"tier": "raw copy, one tensor", "device": str(device), "load_gbps": raw})
-    header = ["tier", "store us/blk", "spill GB/s", "load GB/s", "install us/blk"]
-    keys = ["store_us_per_block", "spill_gbps", "load_gbps", "install_us_per_block"]
-    print(
-        f"\nhost tier <-> {device}: {num_blocks} blocks of {block_bytes:,} B, median of {repeats}"
-    )
-    print("  ".join(f"{h:>36}" if i == 0 else f"{h:>14}" for i, h in enumerate(header)))
     for row in rows:
-        cells = [f"{row[k]:14.2f}" if k in row else f"{'':>14}" for k in keys]
-        print(f"{row['tier']:>36}  " + "  ".join(cells))
+        row["block_bytes"], row["repeats"] = block_bytes, repeats
     return rows

@@ -17,7 +17,7 @@ from engine.attention.metadata import AttentionMetadata
 from engine.kv.hybrid_cache import HybridKVCache
 from engine.models.llama import WindowedKV
 from engine.request import PENDING_TOKEN
-from engine.step_upload import StepUpload
+from engine.step_upload import StepUpload, wait_for
 
 if TYPE_CHECKING:
     from engine.cuda_graphs import DecodeGraphs
@@ -51,8 +51,7 @@ class ForwardResult:
         if self.gpu_span is None:
             return self.forward_time
         start, end = self.gpu_span
-        if not end.query():
-            end.synchronize()
+        wait_for(end)
         return start.elapsed_time(end) / 1000
 
 

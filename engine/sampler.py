@@ -51,6 +51,15 @@ class SamplerOutput:
     logprobs: list[float] | None  # logprob of each sampled token (biased, masked distribution)
     top_logprobs: list[dict[int, float]] | None  # per row: top-k token -> logprob (k from params)
 
+    @classmethod
+    def read(
+        cls, tokens: torch.Tensor, logprobs: LogprobTensors | None, params: list[SamplingParams]
+    ) -> SamplerOutput:
+        """What was sampled, as lists (reading a GPU's tensors waits for them)."""
+        if logprobs is None:
+            return cls(tokens.tolist(), None, None)
+        return cls(tokens.tolist(), *logprobs.lists(params))
+
     def select(self, index: list[int]) -> SamplerOutput:
         """The rows at `index`, in that order."""
         lp, top = self.logprobs, self.top_logprobs
@@ -70,12 +79,8 @@ class Sampler:
     ) -> SamplerOutput:
         """Samples one token per row; `masks` hold the grammar masks of the constrained rows."""
         with record_function("sample"):
-            tokens, raw_logprobs = self._tokens(logits, rows, masks)
-            token_list = tokens.tolist()
-            if raw_logprobs is None:
-                return SamplerOutput(token_list, None, None)
-            params = [r.params for r in rows]
-            return SamplerOutput(token_list, *gather_logprobs(raw_logprobs, tokens, params))
+            tokens, logprobs = self._sample(logits, rows, masks)
+            return SamplerOutput.read(tokens, logprobs, [r.params for r in rows])
 
     def sample_on_device(
         self, logits: torch.Tensor, rows: list[SampleRow]
@@ -83,15 +88,12 @@ class Sampler:
         """The tokens [S] (and what rows asking for logprobs need) as tensors where the logits
         are, not waited for: rows without masks (engine/step_pipeline.py)."""
         with record_function("sample"):
-            tokens, raw_logprobs = self._tokens(logits, rows, None)
-            if raw_logprobs is None:
-                return tokens, None
-            return tokens, LogprobTensors.of(raw_logprobs, tokens, [r.params for r in rows])
+            return self._sample(logits, rows, None)
 
-    def _tokens(
+    def _sample(
         self, logits: torch.Tensor, rows: list[SampleRow], masks: TokenMasks | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(tokens [S], the raw logprobs when a row asked for them)."""
+    ) -> tuple[torch.Tensor, LogprobTensors | None]:
+        """(tokens [S], what the rows asking for logprobs need)."""
         # logits: [S, vocab] float32, one row per entry of `rows`
         params = [r.params for r in rows]
         if any(p.logit_bias for p in params):
@@ -103,9 +105,11 @@ class Sampler:
         if any(p.has_penalties for p in params):
             logits = apply_penalties(logits, rows)
         greedy = [p.greedy for p in params]
-        if not all(greedy):
-            return self._sample_random(logits, rows, greedy), raw_logprobs
-        return logits.argmax(dim=-1), raw_logprobs
+        random = not all(greedy)
+        tokens = self._sample_random(logits, rows, greedy) if random else logits.argmax(dim=-1)
+        if raw_logprobs is None:
+            return tokens, None
+        return tokens, LogprobTensors.of(raw_logprobs, tokens, params)
 
     def _sample_random(
         self, logits: torch.Tensor, rows: list[SampleRow], greedy: list[bool]
@@ -196,17 +200,15 @@ def apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor
     return logits
 
 
-def _token_counts(
-    vocab: int, seqs: list[array | list[int]], device: torch.device | None = None
-) -> torch.Tensor:
+def _token_counts(vocab: int, seqs: list[array | list[int]], device: torch.device) -> torch.Tensor:
     # counts[r, t] = occurrences of token t in seqs[r]; padded with an extra sink column
     width = max((len(s) for s in seqs), default=0)
     ids = torch.full((len(seqs), max(width, 1)), vocab, dtype=torch.int64)
     for i, s in enumerate(seqs):
         if s:
             ids[i, : len(s)] = torch.from_numpy(np.asarray(s, dtype=np.int64))
-    ids = on_device(ids, torch.int64, device or ids.device)
-    counts = torch.zeros(len(seqs), vocab + 1, device=ids.device)
+    ids = on_device(ids, torch.int64, device)
+    counts = torch.zeros(len(seqs), vocab + 1, device=device)
     counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
     return counts[:, :vocab]
 
@@ -263,9 +265,3 @@ class LogprobTensors:
                 pairs = zip(ids[i][:k], values[i][:k], strict=True)
                 tops[i] = {t: v for t, v in pairs if v != float("-inf")}  # masked tokens left out
         return self.chosen.tolist(), tops
-
-
-def gather_logprobs(
-    logprobs: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]
-) -> tuple[list[float], list[dict[int, float]]]:
-    return LogprobTensors.of(logprobs, tokens, params).lists(params)

@@ -29,6 +29,7 @@ from engine.model_runner import ForwardResult, TokenFeed
 from engine.request import Sequence
 from engine.sampler import LogprobTensors, SamplerOutput
 from engine.stats import StepStats
+from engine.step_upload import wait_for
 
 SPEC_PROBE_STEPS = 4  # steps run ahead in a row before one lets the speculator draft again
 
@@ -71,12 +72,8 @@ class InFlight:
 
     def read(self) -> SamplerOutput:
         """What was sampled, once its copy is done (the step's one wait for the device)."""
-        if self.copied is not None:
-            self.copied.synchronize()
-        tokens = self.host.tolist()
-        if self.host_logprobs is None:
-            return SamplerOutput(tokens, None, None)
-        return SamplerOutput(tokens, *self.host_logprobs.lists([s.params for s in self.rows]))
+        wait_for(self.copied)
+        return SamplerOutput.read(self.host, self.host_logprobs, [s.params for s in self.rows])
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:

@@ -18,14 +18,44 @@ import torch
 ALIGN = 8  # bytes: every packed tensor starts at a multiple (int64 views need it)
 
 
+def wait_for(event: torch.cuda.Event | None) -> None:
+    """Blocks until `event` has happened; no synchronizing call when it has (query first)."""
+    if event is not None and not event.query():
+        event.synchronize()
+
+
+class HostTurns:
+    """Two host buffers (pinned on CUDA) taken in turn for copies to the device: each is given
+    out again only once the copies queued from it last time are done."""
+
+    def __init__(self, pin: bool) -> None:
+        self.pin = pin
+        self._buffers: list[torch.Tensor | None] = [None, None]
+        self._copied: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """This turn's buffer, free to fill, of at least `nbytes` bytes (uint8)."""
+        wait_for(self._copied[self._turn])
+        buffer = self._buffers[self._turn]
+        if buffer is None or buffer.numel() < nbytes:
+            buffer = torch.empty(_grown(nbytes), dtype=torch.uint8, pin_memory=self.pin)
+            self._buffers[self._turn] = buffer
+        return buffer
+
+    def copied(self) -> None:
+        """The copies from this turn's buffer are queued: the next take gets the other."""
+        if self.pin:
+            event = self._copied[self._turn] = torch.cuda.Event()
+            event.record()
+        self._turn ^= 1
+
+
 class StepUpload:
     def __init__(self, device: torch.device, packed: bool | None = None) -> None:
         self.device = device
         self.packed = device.type == "cuda" if packed is None else packed
-        self._pin = device.type == "cuda"
-        self._host: list[torch.Tensor | None] = [None, None]
-        self._copied: list[torch.cuda.Event | None] = [None, None]
-        self._turn = 0
+        self._host = HostTurns(pin=device.type == "cuda")
         self._device_buffer: torch.Tensor | None = None
 
     def __call__(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -37,7 +67,7 @@ class StepUpload:
         for size in sizes:
             offsets.append(total)
             total += -(-size // ALIGN) * ALIGN
-        host = self._host_buffer(total)
+        host = self._host.take(total)
         for t, offset, size in zip(tensors, offsets, sizes, strict=True):
             if size:
                 host[offset : offset + size].copy_(t.contiguous().view(-1).view(torch.uint8))
@@ -47,25 +77,11 @@ class StepUpload:
                 _grown(total), dtype=torch.uint8, device=self.device
             )
         device[:total].copy_(host[:total], non_blocking=True)
-        if self._pin:
-            copied = self._copied[self._turn] = torch.cuda.Event()
-            copied.record()
-        self._turn ^= 1
+        self._host.copied()
         return [
             device[offset : offset + size].view(t.dtype).view(t.shape)
             for t, offset, size in zip(tensors, offsets, sizes, strict=True)
         ]
-
-    def _host_buffer(self, total: int) -> torch.Tensor:
-        """This turn's pinned buffer, once its previous copy is done, holding `total` bytes."""
-        turn, copied = self._turn, self._copied[self._turn]
-        if copied is not None and not copied.query():  # query: no wait when it is done
-            copied.synchronize()
-        host = self._host[turn]
-        if host is None or host.numel() < total:
-            host = torch.empty(_grown(total), dtype=torch.uint8, pin_memory=self._pin)
-            self._host[turn] = host
-        return host
 
 
 def _grown(total: int) -> int:

@@ -88,10 +88,9 @@ class TierConfig:
         """The configured tiers, fastest first: host -> disk -> redis. The host tier of a pool
         on a GPU (`device`) keeps its blocks in pinned memory."""
         tiers: list[Tier] = []
-        if self.host_bytes > 0 and device is not None and device.type == "cuda":
-            tiers.append(PinnedHostTier(self.host_bytes))
-        elif self.host_bytes > 0:
-            tiers.append(HostTier(self.host_bytes))
+        if self.host_bytes > 0:
+            on_gpu = device is not None and device.type == "cuda"
+            tiers.append((PinnedHostTier if on_gpu else HostTier)(self.host_bytes))
         if self.disk_path is not None:
             tiers.append(
                 DiskTier(

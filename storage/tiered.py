@@ -282,18 +282,20 @@ class TieredStore:
         values = tier.get(job.ns, hashes)
         decoded = []
         for h, value in zip(hashes, values, strict=True):
-            block = self._decode(tier, job, h, value)
+            block = self._decode(tier, job, h, value, fmt)
             if block is None:
                 break
             decoded.append(block)
         blocks: list[torch.Tensor | None] = list(self.copies.to_device(decoded))
         return values, blocks + [None] * (len(hashes) - len(blocks))
 
-    def _decode(self, tier: Tier, job: LoadJob, h: int, value: bytes | None) -> torch.Tensor | None:
+    def _decode(
+        self, tier: Tier, job: LoadJob, h: int, value: bytes | None, fmt: str
+    ) -> torch.Tensor | None:
         if value is None:
             return None
         try:
-            return decode_block(value, stored_format(job.ns.kv_dtype), job.shape, verify=False)
+            return decode_block(value, fmt, job.shape, verify=False)
         except CorruptBlock:
             tier.stats.corrupt += 1
             tier.delete(job.ns, [h])

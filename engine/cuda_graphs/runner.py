@@ -30,6 +30,7 @@ import torch
 from engine.attention.metadata import AttentionMetadata
 from engine.cuda_graphs.backends import CudaGraphBackend, GraphBackend, Replay, StepForward
 from engine.cuda_graphs.layout import PaddedLayout, bucket_sizes, pad_layout
+from engine.step_upload import HostTurns
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -53,29 +54,10 @@ class StaticInputs:
         self.cu_seqlens_q = buffer(rows + 1, dtype=torch.int32)
         self.seq_lens = buffer(rows, dtype=torch.int32)
         self.block_tables = buffer(rows, table_width, dtype=torch.int32)
-        # host side of the per-step lengths, pinned on CUDA so their copies do not block: two
-        # in turn, each refilled once its last copy is done (a step may be prepared while the
-        # one before it has not run yet: engine/step_pipeline.py)
-        self._pinned = device.type == "cuda"
-        self._host_lens = [
-            torch.zeros(2 * rows + 1, dtype=torch.int32, pin_memory=self._pinned) for _ in "ab"
-        ]
-        self._copied: list[torch.cuda.Event | None] = [None, None]
-        self._turn = 0
-
-    def host_lens(self) -> torch.Tensor:
-        """This step's host buffer of lengths, free to fill (its previous copy is done)."""
-        copied = self._copied[self._turn]
-        if copied is not None and not copied.query():
-            copied.synchronize()
-        return self._host_lens[self._turn]
-
-    def lens_copied(self) -> None:
-        """The step's copies from its host buffer are queued: the next step takes the other."""
-        if self._pinned:
-            copied = self._copied[self._turn] = torch.cuda.Event()
-            copied.record()
-        self._turn ^= 1
+        # host side of the per-step lengths, pinned on CUDA so their copies do not block; two
+        # in turn (a step may be prepared before the one ahead of it has run:
+        # engine/step_pipeline.py)
+        self.host_lens = HostTurns(pin=device.type == "cuda")
 
     @property
     def nbytes(self) -> int:
@@ -176,13 +158,13 @@ class DecodeGraphs:
         s.positions[t:rows].zero_()
         s.slot_mapping[t:rows].fill_(self.scratch_block * self.block_size)
         s.block_tables[b : b + pad, 0].fill_(self.scratch_block)
-        lens = s.host_lens()
+        lens = s.host_lens.take(4 * (2 * rows + 1)).view(torch.int32)
         host = lens[: 2 * rows + 1].numpy()
         host[: rows + 1] = layout.cu_seqlens_q
         host[rows + 1 :] = layout.seq_lens
         s.cu_seqlens_q[: rows + 1].copy_(lens[: rows + 1], non_blocking=True)
         s.seq_lens[:rows].copy_(lens[rows + 1 : 2 * rows + 1], non_blocking=True)
-        s.lens_copied()
+        s.host_lens.copied()
         return layout
 
     def _meta(
