@@ -198,6 +198,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         help="most draft tokens per sequence and step (the length adapts below it)",
     )
     g.add_argument(
+        "--speculative-index-tokens",
+        type=int,
+        default=ENGINE.speculative_index_tokens,
+        help="cache drafts: the most tokens of finished outputs kept to draft from (all tenants; "
+        "at most about 300 bytes of memory a token)",
+    )
+    g.add_argument(
         "--speculative-step-cost",
         choices=STEP_COST_MODELS,
         default=ENGINE.speculative_step_cost,
@@ -498,6 +505,7 @@ def engine_config(args: argparse.Namespace, model_path: Path) -> Any:
         speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens,
         speculative_step_cost=args.speculative_step_cost,
+        speculative_index_tokens=args.speculative_index_tokens,
         cuda_graphs=not args.no_cuda_graphs,
         async_scheduling=False if args.no_async_scheduling else None,
     )

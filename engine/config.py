@@ -9,6 +9,7 @@ from engine.dtypes import AUTO, DTYPES
 from engine.kv.quant import KVFormat, kv_format
 from engine.kv.tier_format import tier_format
 from engine.speculative.config import (
+    DEFAULT_INDEX_TOKENS,
     DEFAULT_MODE,
     DEFAULT_NUM_TOKENS,
     DEFAULT_STEP_COST,
@@ -55,6 +56,9 @@ class EngineConfig:
     speculative: str = DEFAULT_MODE
     num_speculative_tokens: int = DEFAULT_NUM_TOKENS
     speculative_step_cost: str = DEFAULT_STEP_COST  # engine/speculative/config.py STEP_COST_MODELS
+    # the most tokens of finished outputs the cache drafter's suffix index keeps (all namespaces;
+    # about 300 bytes a token at worst: 2**18 tokens, under 80 MiB)
+    speculative_index_tokens: int = DEFAULT_INDEX_TOKENS
     # CUDA: decode steps replayed from graphs captured at start (engine/cuda_graphs/runner.py)
     cuda_graphs: bool = True
     # a step's sampled tokens stay on the device while the next step is scheduled and launched
@@ -114,7 +118,10 @@ class EngineConfig:
     @property
     def spec(self) -> SpecConfig:
         return SpecConfig(
-            self.speculative, self.num_speculative_tokens, step_cost=self.speculative_step_cost
+            self.speculative,
+            self.num_speculative_tokens,
+            suffix_index_tokens=self.speculative_index_tokens,
+            step_cost=self.speculative_step_cost,
         )
 
     @classmethod

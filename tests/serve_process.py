@@ -30,12 +30,13 @@ def poll_health(url: str, alive: Callable[[], bool], timeout_s: float) -> bool:
 
 
 class ServeProcess:
-    def __init__(self, args: list[str], home: Path) -> None:
-        """`args`: what follows `radixcache serve` (the port is added); `home`: RADIXCACHE_HOME."""
+    def __init__(self, args: list[str], home: Path, env: dict[str, str] | None = None) -> None:
+        """`args`: what follows `radixcache serve` (the port is added); `home`: RADIXCACHE_HOME;
+        `env`: variables set beside this process's."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "api.cli", "serve", *args, "--port", str(self.port)]
-        env = {**os.environ, "RADIXCACHE_HOME": str(home)}
+        env = {**os.environ, **(env or {}), "RADIXCACHE_HOME": str(home)}
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )

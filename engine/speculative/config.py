@@ -9,6 +9,7 @@ from dataclasses import dataclass
 SPECULATIVE_MODES = ("off", "ngram", "cache")
 DEFAULT_MODE = "cache"
 DEFAULT_NUM_TOKENS = 8
+DEFAULT_INDEX_TOKENS = 1 << 18  # the suffix index's bound (all namespaces)
 # what a draft row is weighed against: fitted: the decode steps' measured cost line (drafts go
 # where they pay on this machine now); prior: a fixed row share of a step, so the same requests
 # draft the same way on any machine, however loaded (tests, reproducible runs)
@@ -23,7 +24,7 @@ class SpecConfig:
     # prompt lookup and suffix index keys, longest first (a 2-token match misses too often in
     # free text to pay for its verify rows)
     ngram_sizes: tuple[int, ...] = (4, 3)
-    suffix_index_tokens: int = 1 << 18  # bound of the suffix index (all namespaces)
+    suffix_index_tokens: int = DEFAULT_INDEX_TOKENS
     step_cost: str = DEFAULT_STEP_COST
 
     def __post_init__(self) -> None:
@@ -31,6 +32,8 @@ class SpecConfig:
             raise ValueError(f"speculative must be one of {SPECULATIVE_MODES}, got {self.mode!r}")
         if self.num_tokens < 1:
             raise ValueError("num_speculative_tokens must be >= 1")
+        if self.suffix_index_tokens < 1:
+            raise ValueError("speculative_index_tokens must be >= 1")
         if self.step_cost not in STEP_COST_MODELS:
             raise ValueError(
                 f"speculative_step_cost must be one of {STEP_COST_MODELS}, got {self.step_cost!r}"

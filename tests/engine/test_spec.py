@@ -231,3 +231,13 @@ def test_drafts_never_cross_namespaces(make_llm):
         engine.abort(rid)
     assert drafts["a"] and drafts["b"] == [] and drafts[""] == []
     assert _released(llm)
+
+
+def test_the_suffix_index_holds_at_most_its_bound(make_llm):
+    llm = make_llm(speculative_index_tokens=100)
+    prompts = _prompts(6)
+    llm.generate(prompts, GREEDY)
+    index = llm.engine.speculator.proposer.suffix_index
+    assert 0 < index.num_tokens <= 100 and index.max_tokens == 100
+    with pytest.raises(ValueError, match="speculative_index_tokens"):
+        make_llm(speculative_index_tokens=0)
