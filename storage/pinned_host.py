@@ -53,12 +53,15 @@ class PinnedHostTier(HostTier):
         kv_format: str,
         shape: tuple[int, ...] | None,
         to_device: ToDevice,
+        dropped: Callable[[list[int]], None] | None = None,
     ) -> list[torch.Tensor | None]:
         """The leading run of `hashes` held here, as blocks of `kv_format` and `shape` on the
         device: `to_device` copies them there (into memory of its own: the slots may be reused
-        once this returns) and returns once they are. A value whose header
-        does not hold is dropped and counted as corrupt; the run ends before it."""
+        once this returns) and returns once they are. A value whose header does not hold is
+        dropped, counted as corrupt and passed to `dropped` (once the lock is released); the run
+        ends before it."""
         views: list[torch.Tensor] = []
+        corrupt: list[int] = []
         with self._lock:
             for h in hashes:
                 entry = self._entries.get((ns.hex, h))
@@ -71,12 +74,15 @@ class PinnedHostTier(HostTier):
                 except CorruptBlock:
                     self.stats.corrupt += 1
                     self._forget((ns.hex, h))
+                    corrupt.append(h)
                     break
                 self._entries.move_to_end((ns.hex, h))
                 self.stats.bytes_read += entry[2]
                 payload = self._arena[slot, HEADER_SIZE:]
                 views.append(payload.view(header.dtype).view(header.shape))
             blocks: list[torch.Tensor | None] = list(to_device(views))
+        if corrupt and dropped is not None:
+            dropped(corrupt)
         return blocks + [None] * (len(hashes) - len(blocks))
 
     def close(self) -> None:

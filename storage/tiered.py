@@ -277,7 +277,14 @@ class TieredStore:
         on the pool's device, up to the first one missing or corrupt."""
         fmt = stored_format(job.ns.kv_dtype)
         if isinstance(tier, PinnedHostTier):
-            blocks = tier.copy_out(job.ns, hashes, fmt, job.shape, self.copies.copy_to_device)
+            blocks = tier.copy_out(
+                job.ns,
+                hashes,
+                fmt,
+                job.shape,
+                self.copies.copy_to_device,
+                partial(self._dropped, tier, job.ns),
+            )
             return [None] * len(hashes), blocks
         values = tier.get(job.ns, hashes)
         decoded = []
@@ -299,9 +306,13 @@ class TieredStore:
         except CorruptBlock:
             tier.stats.corrupt += 1
             tier.delete(job.ns, [h])
-            if self.observer is not None:
-                self.observer.removed(tier.name, job.ns, [h])
+            self._dropped(tier, job.ns, [h])
             return None
+
+    def _dropped(self, tier: Tier, ns: Namespace, hashes: list[int]) -> None:
+        """Corrupt values a tier dropped while loading: gone from it, as the observer hears."""
+        if self.observer is not None:
+            self.observer.removed(tier.name, ns, hashes)
 
     def _promote(self, ns: Namespace, items: list[tuple[int, bytes]]) -> None:
         if items:

@@ -89,6 +89,35 @@ def test_a_store_over_the_slot_tier_spills_to_disk_and_loads_from_both(
     store.close()
 
 
+class Changes:
+    """A TierObserver that keeps what it is told: (tier, "stored" / "removed", hashes)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, list[int]]] = []
+
+    def stored(self, tier: str, ns: Namespace, hashes: list[int]) -> None:
+        self.seen.append((tier, "stored", hashes))
+
+    def removed(self, tier: str, ns: Namespace, hashes: list[int]) -> None:
+        self.seen.append((tier, "removed", hashes))
+
+
+def test_a_corrupt_slot_met_by_a_load_is_reported_removed(ns: Namespace) -> None:
+    """KV events (a router's view of this replica) hear of the slot dropped, as of any other."""
+    changes = Changes()
+    host = PinnedHostTier(3 * VALUE_BYTES, pin=False)
+    store = TieredStore(TierConfig(host_bytes=host.capacity_bytes), tiers=[host], observer=changes)
+    hashes = chain(ns, 3)
+    store.store(ns, [(h, make_block(i)) for i, h in enumerate(hashes)])
+    assert store.wait_idle(10)
+    host._arena[host._entries[(ns.hex, hashes[1])][1], :4] = 0  # the magic
+    loaded = store.load_prefix(ns, hashes, deadline_s=10, shape=BLOCK_SHAPE)
+    assert loaded.tiers == ["host"]
+    assert changes.seen[-1] == ("host", "removed", [hashes[1]])
+    assert host.contains(ns, hashes) == [True, False, True]
+    store.close()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_payload_views_are_aligned_for_their_dtype(ns: Namespace, dtype: torch.dtype) -> None:
     value = encode_block(make_block(3, dtype))
