@@ -44,6 +44,10 @@ class SuffixIndex:
     def __len__(self) -> int:
         return len(self._runs)
 
+    def num_keys(self) -> int:
+        """N-gram keys held over all namespaces (about two a token: its memory)."""
+        return sum(len(table.keys) for table in self._tables.values())
+
     def add(self, ns: Namespace, tokens: Sequence[int] | array) -> None:
         """Indexes a run of tokens of `ns` (its n-grams now point here); evicts the oldest runs
         past the bound. A run longer than the bound keeps its last `max_tokens` tokens."""
