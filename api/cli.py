@@ -16,6 +16,7 @@ from api.router.discovery import DnsReplicas
 from api.router.policy import POLICIES, Balance
 from engine.config import EVICTION_POLICIES, EngineConfig
 from engine.dtypes import AUTO, DTYPES
+from engine.host_memory import request_huge_pages
 from engine.kv.events import KVEventsConfig
 from engine.kv.quant import KV_FORMATS
 from engine.loader.default_model import DEFAULT_MODEL_NAME, default_cache_dir
@@ -676,6 +677,7 @@ def cmd_route(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    request_huge_pages()  # before torch allocates: engine/host_memory.py
     args = build_parser().parse_args(argv)
     try:
         if args.command == "pull":

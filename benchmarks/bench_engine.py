@@ -44,6 +44,7 @@ from benchmarks.workloads import (
 from engine.attention import make_attention_backend
 from engine.config import EngineConfig
 from engine.dtypes import resolve_dtype, torch_dtype
+from engine.host_memory import HUGE_PAGES_ENV, request_huge_pages
 from engine.kv.admin import Flush
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestResult
@@ -269,6 +270,7 @@ def bench_vllm(
         request["mt"] = {"system": mt.system, "turns": mt.turns}
     # vLLM binds its OpenMP threads itself (PEERS.md); our own OpenMP settings stay with us
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "KMP_"))}
+    env.pop(HUGE_PAGES_ENV, None)  # vLLM runs with its own defaults
     env.update(VLLM_CPU_KVCACHE_SPACE="4", VLLM_CPU_OMP_THREADS_BIND="0-1")
     with tempfile.TemporaryDirectory() as tmp:
         req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
@@ -466,6 +468,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main() -> None:
+    request_huge_pages()  # as the server runs (engine/host_memory.py)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"load average {os.getloadavg()}, torch threads {torch.get_num_threads()}")

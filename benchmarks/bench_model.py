@@ -41,6 +41,7 @@ from engine.attention import (
     load_native,
 )
 from engine.dtypes import torch_dtype
+from engine.host_memory import request_huge_pages
 from engine.kv.paged_cache import KVCache
 from engine.loader import ensure_default_model, load_model
 
@@ -188,6 +189,7 @@ def attention_rows(dtypes: list[str], reps: int) -> list[dict]:
 
 
 def main() -> None:
+    request_huge_pages()  # as the server runs: the weights, the KV and the probes alike
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

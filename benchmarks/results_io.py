@@ -39,6 +39,7 @@ def run_meta(**extra: object) -> dict:
         "cpu_count": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "openmp_env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_"))},
+        "huge_pages_env": os.environ.get("THP_MEM_ALLOC_ENABLE"),  # engine/host_memory.py
         "torch": torch.__version__,
         "python": platform.python_version(),
         "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
