@@ -14,7 +14,6 @@ may set THP_MEM_ALLOC_ENABLE=0 to keep 4 KB pages."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
 
@@ -23,13 +22,3 @@ def request_huge_pages() -> bool:
     """Asks torch for huge pages unless the environment says otherwise; whether they are asked
     for. Too late (no effect) once torch has allocated host memory in this process."""
     return os.environ.setdefault(HUGE_PAGES_ENV, "1") == "1"
-
-
-def thp_mode() -> str:
-    """The kernel's transparent huge page mode: always, madvise or never ("never" where the file
-    is missing: not Linux, or a kernel without THP)."""
-    try:
-        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    except OSError:
-        return "never"
-    return text.split("[")[1].split("]")[0]

@@ -35,6 +35,7 @@ class SuffixIndex:
             raise ValueError("max_tokens and the n-gram sizes must be positive")
         self.max_tokens = max_tokens
         self._position_bits = max_tokens.bit_length()
+        self._position_mask = (1 << self._position_bits) - 1
         self.ngram_sizes = tuple(sorted(set(ngram_sizes), reverse=True))  # longest tried first
         self._runs: OrderedDict[int, tuple[Namespace, array]] = OrderedDict()  # oldest first
         self._tables: dict[Namespace, _Table] = {}
@@ -76,7 +77,7 @@ class SuffixIndex:
                 continue
             hit = table.keys.get(hash(tail[len(tail) - n :].tobytes()))
             if hit is not None:
-                run_id, pos = hit >> self._position_bits, hit & ((1 << self._position_bits) - 1)
+                run_id, pos = hit >> self._position_bits, hit & self._position_mask
                 return list(self._runs[run_id][1][pos : pos + k])
         return []
 

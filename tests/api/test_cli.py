@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.host_memory import thp_mode
+from tests.huge_pages import anon_huge_kb, thp_mode
 from tests.serve_process import ServeProcess
 
 
@@ -22,8 +22,7 @@ def test_serve_subprocess(tiny_llama: Path, tmp_path: Path) -> None:
         r = httpx.post(url + "/v1/completions", json=body, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         if thp_mode() != "never":  # the 8 MB KV pool on huge pages (engine/host_memory.py)
-            rollup = Path(f"/proc/{server.proc.pid}/smaps_rollup").read_text()
-            assert int(rollup.split("AnonHugePages:")[1].split()[0]) >= 2048
+            assert anon_huge_kb(server.proc.pid) >= 2048
     finally:
         out = server.terminate()
     proc = server.proc

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.host_memory import thp_mode
+from tests.huge_pages import thp_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
@@ -20,8 +20,8 @@ asked = request_huge_pages()
 import torch
 x = torch.empty(64 << 20)  # 256 MB
 x.fill_(1.0)
-rollup = open("/proc/self/smaps_rollup").read()
-print(int(asked), int(rollup.split("AnonHugePages:")[1].split()[0]))
+from tests.huge_pages import anon_huge_kb
+print(int(asked), anon_huge_kb())
 """
 
 
